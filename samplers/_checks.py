@@ -1,0 +1,62 @@
+"""Argument checks shared by the public constructors (raise, never assert)."""
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def real_number(name: str, value, *, minimum=None, above=None) -> float:
+    """Returns ``value`` as a float after checking it is a finite real number.
+
+    Raises:
+        TypeError: ``value`` is not a concrete real scalar.
+        ValueError: ``value`` is not finite, or is below ``minimum`` or not above
+            ``above``.
+    """
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{name} must be a concrete number, got a traced value {value}; "
+            f"pass it as a Python float, not as an argument of a jitted function."
+        )
+    if isinstance(value, (bool, np.bool_)) or not (
+        isinstance(value, numbers.Real) or (np.ndim(value) == 0 and _is_real_array(value))
+    ):
+        raise TypeError(
+            f"{name} must be a real number, got {value!r} of type {type(value).__name__}."
+        )
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    if above is not None and value <= above:
+        raise ValueError(f"{name} must be > {above}, got {value}.")
+    return value
+
+
+def _is_real_array(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and (
+        jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+    )
+
+
+def float_array(name: str, value, *, hint: str = "") -> jax.Array:
+    """Returns ``value`` as a JAX array after checking its dtype is floating.
+
+    Raises:
+        TypeError: ``value`` has an integer, boolean or non-numeric dtype.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        value = jnp.asarray(value)
+        dtype = value.dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"{name} must have a floating dtype, got {dtype}{hint}; "
+            f"cast it with .astype(jnp.float32)."
+        )
+    return jnp.asarray(value)

@@ -1,0 +1,64 @@
+import math
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+from beartype import beartype
+from flax import nnx
+from jaxtyping import TypeCheckError, jaxtyped
+
+import samplers
+
+
+def test_public_names_are_pinned():
+    assert sorted(samplers.__all__) == [
+        "ActionSampler",
+        "BoundedTanh",
+        "NormalTanhSampler",
+        "SquashedNormal",
+        "SquashedNormalSampler",
+        "StatefulModule",
+        "StatefulModuleOutput",
+        "normal_tanh",
+        "squashed_normal",
+    ]
+    assert all(hasattr(samplers, name) for name in samplers.__all__)
+
+
+def test_main_prints_a_cross_check_where_only_the_pre_image_path_is_finite():
+    result = subprocess.run(
+        [sys.executable, "-m", "samplers"], capture_output=True, text=True, check=True, timeout=300
+    )
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] == ["20.0"]]
+    assert len(rows) == 1, result.stdout
+    _, action, ours, float64, distrax_value, tfp_value = rows[0]
+    assert float(action) == 1.0
+    assert math.isfinite(float(ours)) and float(ours) == pytest.approx(float(float64), rel=1e-6)
+    assert distrax_value == "nan" and tfp_value == "nan"
+    assert "replay ratio         [1. 1.]" in result.stdout
+
+
+def _checked(function):
+    return jaxtyped(typechecker=beartype)(function)
+
+
+@pytest.mark.parametrize("batch", [(), (5,), (3, 4)], ids=["(A,)", "(B,A)", "(T,B,A)"])
+def test_shape_annotations_hold_at_run_time(batch):
+    mean_and_std = jnp.zeros((*batch, 6))
+    dist = _checked(samplers.normal_tanh)(mean_and_std)
+    action, pre_image, _ = _checked(samplers.SquashedNormal.sample_with_pre_image)(
+        dist, seed=nnx.Rngs(0)()
+    )
+    _checked(samplers.SquashedNormal.log_prob_from_pre_image)(dist, pre_image)
+    _checked(samplers.SquashedNormal.entropy_estimate)(dist, seed=nnx.Rngs(1)())
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01)
+    out = _checked(samplers.NormalTanhSampler.__call__)(head, (), mean_and_std)
+    _checked(samplers.NormalTanhSampler.__call__)(head, (), mean_and_std, out.rollout_extras)
+    assert action.shape == (*batch, 3)
+
+
+def test_shape_annotations_catch_a_mismatched_pre_image():
+    dist = samplers.normal_tanh(jnp.zeros((5, 6)))
+    with pytest.raises(TypeCheckError):
+        _checked(samplers.SquashedNormal.forward_and_log_prob)(dist, jnp.zeros((5, 3), jnp.int32))

@@ -1,0 +1,83 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import samplers
+
+LOW = jnp.array([-2.0, 0.0, -0.1])
+HIGH = jnp.array([2.0, 1.0, 0.3])
+
+
+def _chain(low, high):
+    return distrax.Chain([distrax.ScalarAffine((high + low) / 2, (high - low) / 2), distrax.Tanh()])
+
+
+def test_forward_and_log_det_match_distrax_chain():
+    x = 3.0 * jax.random.normal(jax.random.key(0), (50, 3))
+    bijector = samplers.BoundedTanh(LOW, HIGH)
+    y, log_det = bijector.forward_and_log_det(x)
+    expected_y, expected_log_det = _chain(LOW, HIGH).forward_and_log_det(x)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(log_det, expected_log_det, rtol=1e-4, atol=1e-4)
+
+
+def test_log_prob_matches_distrax_chain_under_the_squashed_normal():
+    mean_and_std = jax.random.normal(jax.random.key(1), (20, 6))
+    dist = samplers.squashed_normal(mean_and_std, samplers.BoundedTanh(LOW, HIGH))
+    action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(2))
+    chained = distrax.Transformed(
+        distrax.MultivariateNormalDiag(dist.loc, dist.scale), distrax.Block(_chain(LOW, HIGH), 1)
+    )
+    np.testing.assert_allclose(log_prob, chained.log_prob(action), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x", [9.0, 9.1, 20.0, 1e3, -9.1, -20.0, -1e3])
+def test_actions_stay_inside_the_bounds_when_saturated(x):
+    y = samplers.BoundedTanh(LOW, HIGH).forward(jnp.full(3, x))
+    assert jnp.all(y >= LOW) and jnp.all(y <= HIGH)
+
+
+def test_without_the_clip_the_affine_map_rounds_past_a_bound():
+    # Why the forward map clips: center + half_range * 1 lands above high here.
+    low, high = jnp.float32(-1.0), jnp.float32(0.7)
+    assert (high + low) / 2 + (high - low) / 2 * jnp.tanh(jnp.float32(20.0)) > high
+    assert samplers.BoundedTanh(low, high).forward(jnp.float32(20.0)) == high
+
+
+def test_log_det_is_finite_when_saturated():
+    log_det = samplers.BoundedTanh(LOW, HIGH).forward_log_det_jacobian(jnp.full(3, 50.0))
+    expected = np.log((np.asarray(HIGH) - np.asarray(LOW)) / 2) + 2 * np.log(2) - 2 * 50.0
+    np.testing.assert_allclose(log_det, expected, rtol=1e-5)
+
+
+def test_inverse_round_trips_inside_the_range():
+    x = jnp.tile(jnp.linspace(-3.0, 3.0, 21)[:, None], (1, 3))
+    bijector = samplers.BoundedTanh(LOW, HIGH)
+    y, log_det = bijector.forward_and_log_det(x)
+    x_back, inverse_log_det = bijector.inverse_and_log_det(y)
+    np.testing.assert_allclose(x_back, x, atol=2e-3)
+    np.testing.assert_allclose(inverse_log_det, -log_det, atol=2e-3)
+
+
+def test_scalar_bounds_apply_to_every_dimension():
+    y = samplers.BoundedTanh(-2.0, 2.0).forward(jnp.zeros((4, 3)) + 100.0)
+    np.testing.assert_array_equal(y, jnp.full((4, 3), 2.0))
+
+
+@pytest.mark.parametrize(
+    "low, high, message",
+    [
+        ([0.0, 1.0], [1.0, 1.0], r"low must be < high in every dimension"),
+        ([0.0, 2.0], [1.0, 1.0], r"low must be < high in every dimension"),
+        ([0.0, 0.0], [1.0, 1.0, 1.0], r"same shape.*got \(2,\) and \(3,\)"),
+        ([[0.0]], [[1.0]], r"same shape, \(\) or \(action_dim,\), got \(1, 1\)"),
+        ([0.0, -np.inf], [1.0, 1.0], r"low must be finite real numbers"),
+        (0.0, np.nan, r"high must be finite real numbers"),
+        ("a", "b", r"low must be finite real numbers"),
+    ],
+)
+def test_bad_bounds_are_refused(low, high, message):
+    with pytest.raises(ValueError, match=message):
+        samplers.BoundedTanh(low, high)

@@ -1,0 +1,217 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorflow_probability.substrates import jax as tfp
+
+import samplers
+from tests import reference
+
+tfd, tfb = tfp.distributions, tfp.bijectors
+A = 3
+
+
+def _inputs(batch_shape, scale=1.0, seed=0):
+    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
+
+
+def test_normal_tanh_is_a_distrax_transformed_with_event_rank_one(batch_shape):
+    dist = samplers.normal_tanh(_inputs(batch_shape))
+    assert isinstance(dist, distrax.Transformed)
+    assert isinstance(dist.distribution, distrax.Independent)
+    assert dist.batch_shape == batch_shape and dist.event_shape == (A,)
+    x = _inputs(batch_shape)
+    assert dist.bijector.forward(x[..., :A]) == pytest.approx(jnp.tanh(x[..., :A]))
+
+
+@pytest.mark.parametrize("min_std, std_scale", [(1e-3, 1.0), (0.0, 1.0), (0.1, 2.5)])
+def test_std_is_softplus_plus_min_std_times_scale(min_std, std_scale):
+    mean_and_std = _inputs((5,), scale=3.0)
+    dist = samplers.normal_tanh(mean_and_std, min_std=min_std, std_scale=std_scale)
+    mean, std = reference.params_float64(mean_and_std, min_std=min_std, std_scale=std_scale)
+    np.testing.assert_allclose(dist.loc, mean, rtol=1e-6)
+    np.testing.assert_allclose(dist.scale, std, rtol=1e-6)
+
+
+def test_log_prob_from_pre_image_matches_float64_closed_form(batch_shape, maybe_jit):
+    mean_and_std = _inputs(batch_shape, scale=2.0)
+    pre_image = 4.0 * jax.random.normal(jax.random.key(1), (*batch_shape, A))
+    log_prob = maybe_jit(lambda p, x: samplers.normal_tanh(p).log_prob_from_pre_image(x))(
+        mean_and_std, pre_image
+    )
+    mean, std = reference.params_float64(mean_and_std)
+    expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
+    assert log_prob.shape == batch_shape
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_log_prob_matches_distrax_and_tfp_where_unsaturated(batch_shape):
+    mean_and_std = _inputs(batch_shape)
+    dist = samplers.normal_tanh(mean_and_std)
+    pre_image = 2.0 * jax.random.normal(jax.random.key(2), (*batch_shape, A))
+    ours = dist.log_prob_from_pre_image(pre_image)
+    plain_distrax = distrax.Transformed(
+        distrax.MultivariateNormalDiag(dist.loc, dist.scale), distrax.Block(distrax.Tanh(), 1)
+    )
+    independent_tfp = tfd.Independent(
+        tfd.TransformedDistribution(tfd.Normal(dist.loc, dist.scale), tfb.Tanh()), 1
+    )
+    action = jnp.tanh(pre_image)
+    np.testing.assert_allclose(ours, dist.log_prob(action), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ours, plain_distrax.log_prob(action), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ours, independent_tfp.log_prob(action), rtol=1e-4, atol=1e-4)
+
+
+def test_log_det_matches_autodiff_of_the_forward_map():
+    # Beyond |x| ~ 4 autodiff of float32 tanh loses digits to 1 - tanh^2 cancellation.
+    pre_image = jnp.linspace(-4.0, 4.0, 33)
+    dist = samplers.normal_tanh(jnp.zeros((33, 2)))
+    autodiff = jnp.log(
+        jnp.abs(jax.vmap(jax.grad(lambda x: dist.bijector.forward(x[None])[0]))(pre_image))
+    )
+    np.testing.assert_allclose(
+        dist.bijector.forward_log_det_jacobian(pre_image[:, None]), autodiff, rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("z", [10.0, -10.0, 20.0, -20.0, 50.0, -50.0])
+def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
+    mean_and_std = jnp.array([z - 0.5, 0.3])
+    dist = samplers.normal_tanh(mean_and_std)
+    pre_image = jnp.array([z])
+    action = jnp.tanh(pre_image)
+    assert jnp.abs(action[0]) == 1.0  # float32 tanh has saturated
+    assert jnp.isnan(dist.log_prob(action))  # distrax inverts: atanh(1) = inf
+
+    def loss(p):
+        return samplers.normal_tanh(p).log_prob_from_pre_image(pre_image)
+
+    value, grad = jax.value_and_grad(loss)(mean_and_std)
+    mean, std = reference.params_float64(mean_and_std)
+    expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
+    assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+
+
+def test_sample_with_pre_image_is_consistent_and_needs_no_inverse(batch_shape, maybe_jit):
+    dist_params = _inputs(batch_shape, scale=4.0)
+
+    def sample(p, key):
+        return samplers.normal_tanh(p).sample_with_pre_image(seed=key)
+
+    action, pre_image, log_prob = maybe_jit(sample)(dist_params, jax.random.key(3))
+    dist = samplers.normal_tanh(dist_params)
+    eps = jax.random.normal(jax.random.key(3), dist.loc.shape)
+    np.testing.assert_allclose(pre_image, dist.loc + dist.scale * eps, rtol=1e-6)
+    np.testing.assert_array_equal(action, jnp.tanh(pre_image))
+    np.testing.assert_allclose(log_prob, dist.log_prob_from_pre_image(pre_image), rtol=1e-6)
+    assert jnp.all(jnp.isfinite(log_prob))
+
+
+def test_deterministic_action_is_the_bijector_of_the_mean(batch_shape):
+    dist = samplers.normal_tanh(_inputs(batch_shape))
+    np.testing.assert_array_equal(dist.deterministic_action(), jnp.tanh(dist.loc))
+
+
+def test_entropy_estimate_is_the_reparameterised_one_sample_formula(batch_shape):
+    dist = samplers.normal_tanh(_inputs(batch_shape))
+    key = jax.random.key(4)
+    eps = jax.random.normal(key, dist.loc.shape)
+    mean, std = np.asarray(dist.loc, np.float64), np.asarray(dist.scale, np.float64)
+    z = mean + std * eps
+    expected = np.sum(
+        0.5 + 0.5 * np.log(2 * np.pi) + np.log(std) + 2 * np.log(2) - 2 * np.logaddexp(z, -z),
+        axis=-1,
+    )
+    np.testing.assert_allclose(dist.entropy_estimate(seed=key), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_estimate_is_unbiased_for_the_squashed_entropy():
+    # 1-D: the float64 entropy by quadrature over the pre-image, -E[log p(tanh x)].
+    mean, std = 0.7, 1.3
+    x = np.linspace(mean - 12 * std, mean + 12 * std, 200_001)
+    density = np.exp(-0.5 * ((x - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
+    log_p = reference.tanh_normal_log_prob_float64(x[:, None], mean, std)
+    exact = -np.trapezoid(density * log_p, x)
+    raw_std = np.log(np.expm1(std - 1e-3))
+    dist = samplers.normal_tanh(jnp.full((20_000, 2), jnp.array([mean, raw_std])))
+    estimates = np.asarray(dist.entropy_estimate(seed=jax.random.key(5)), np.float64)
+    standard_error = estimates.std() / np.sqrt(estimates.size)
+    assert abs(estimates.mean() - exact) < 3 * standard_error
+
+
+def test_entropy_gradient_reaches_mean_and_std():
+    mean_and_std = _inputs((4,))
+    grad = jax.grad(
+        lambda p: samplers.normal_tanh(p).entropy_estimate(seed=jax.random.key(0)).sum()
+    )(mean_and_std)
+    assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
+
+
+@pytest.mark.parametrize(
+    "bijector",
+    [distrax.Sigmoid(), distrax.Lambda(lambda x: x), samplers.BoundedTanh(-2.0, 3.0)],
+    ids=["sigmoid", "identity", "bounded-tanh"],
+)
+def test_other_bijectors_match_distrax_log_prob(bijector):
+    mean_and_std = _inputs((6,))
+    dist = samplers.squashed_normal(mean_and_std, bijector)
+    action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(6))
+    reference_dist = distrax.Transformed(
+        distrax.MultivariateNormalDiag(dist.loc, dist.scale), distrax.Block(bijector, 1)
+    )
+    np.testing.assert_allclose(log_prob, reference_dist.log_prob(action), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tfp_bijector_is_accepted():
+    dist = samplers.squashed_normal(_inputs((2,)), tfb.Tanh())
+    action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
+    np.testing.assert_allclose(log_prob, dist.log_prob(action), rtol=1e-4, atol=1e-4)
+
+
+def test_distribution_passes_through_jit():
+    dist = jax.jit(samplers.normal_tanh)(_inputs((5,)))
+    assert isinstance(dist, samplers.SquashedNormal) and dist.loc.shape == (5, A)
+
+
+@pytest.mark.parametrize("shape", [(5,), (4, 7), ()], ids=["odd", "odd-batched", "scalar"])
+def test_odd_or_missing_last_axis_is_refused(shape):
+    with pytest.raises(ValueError, match=r"last axis of even length .* got shape"):
+        samplers.normal_tanh(jnp.zeros(shape))
+
+
+def test_integer_parameters_are_refused():
+    with pytest.raises(TypeError, match=r"mean_and_std must have a floating dtype, got int32"):
+        samplers.normal_tanh(jnp.zeros(4, jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"min_std": -0.1}, ValueError, r"min_std must be >= 0.0, got -0.1"),
+        ({"std_scale": 0.0}, ValueError, r"std_scale must be > 0.0, got 0.0"),
+        ({"std_scale": float("nan")}, ValueError, r"std_scale must be finite, got nan"),
+        ({"min_std": "0.1"}, TypeError, r"min_std must be a real number, got '0.1'"),
+        ({"min_std": True}, TypeError, r"min_std must be a real number, got True"),
+    ],
+)
+def test_bad_options_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        samplers.normal_tanh(jnp.zeros(4), **kwargs)
+
+
+def test_traced_options_are_refused_with_a_fix():
+    with pytest.raises(TypeError, match=r"min_std must be a concrete number.*Python float"):
+        jax.jit(lambda s: samplers.normal_tanh(jnp.zeros(4), min_std=s))(0.1)
+
+
+def test_a_block_bijector_is_refused():
+    with pytest.raises(ValueError, match=r"bijector must be elementwise .* got Block"):
+        samplers.squashed_normal(jnp.zeros(4), distrax.Block(distrax.Tanh(), 1))
+
+
+def test_bounds_of_the_wrong_length_are_refused():
+    bijector = samplers.BoundedTanh(jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"maps actions of shape \(5, 3\) to .*\(3,\)"):
+        samplers.squashed_normal(jnp.zeros((5, 6)), bijector)

@@ -1,0 +1,275 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+from tests import reference
+
+A = 3
+OPTIONS = {"entropy_weight": 0.01, "min_std": 1e-3, "std_scale": 1.0}
+FIELDS = ["action", "log_likelihood", "raw_action", "regularization_loss", "mu", "sigma"]
+
+
+def _inputs(batch_shape, scale=2.0, seed=0):
+    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
+
+
+def _flat(out):
+    return {
+        "action": out.output["action"],
+        "log_likelihood": out.output["log_likelihood"],
+        "raw_action": out.rollout_extras,
+        "regularization_loss": out.regularization_loss,
+        "mu": out.metrics["mu"],
+        "sigma": out.metrics["sigma"],
+    }
+
+
+def _count(rngs):
+    return int(rngs.default.count[...])
+
+
+def _call(jitted):
+    if not jitted:
+        return lambda head, *args: head((), *args)
+    return nnx.jit(lambda head, *args: head((), *args))
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize(
+    "options",
+    [OPTIONS, {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}],
+    ids=["default", "custom"],
+)
+def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape, jitted, options):
+    head = samplers.NormalTanhSampler(nnx.Rngs(42), **options)
+    spec_rngs = nnx.Rngs(42)
+    call = _call(jitted)
+    stored = None
+    # Rollout, replay, a second rollout, then eval rollout and eval replay, then train again.
+    for step, (mode, replay) in enumerate(
+        [
+            ("train", False),
+            ("train", True),
+            ("train", False),
+            ("eval", False),
+            ("eval", True),
+            ("train", False),
+        ]
+    ):
+        head.eval() if mode == "eval" else head.train()
+        mean_and_std = _inputs(batch_shape, seed=step)
+        extras = stored if replay else None
+        ours = _flat(call(head, mean_and_std, extras) if replay else call(head, mean_and_std))
+        spec = reference.spec_sampler_call(
+            spec_rngs, mean_and_std, extras, deterministic=mode == "eval", **options
+        )
+        for field in FIELDS:
+            np.testing.assert_allclose(
+                ours[field], spec[field], rtol=1e-5, atol=1e-5, err_msg=f"step {step}: {field}"
+            )
+        assert _count(head.rng) == _count(spec_rngs)
+        if not replay:
+            stored = _inputs(batch_shape, scale=3.0, seed=100 + step)[..., :A] + ours["raw_action"]
+
+
+def test_replay_reproduces_the_rollout_log_likelihood(batch_shape):
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    mean_and_std = _inputs(batch_shape, scale=8.0)  # many saturated actions
+    rollout = head((), mean_and_std)
+    replay = head((), mean_and_std, rollout.rollout_extras)
+    ratio = jnp.exp(replay.output["log_likelihood"] - rollout.output["log_likelihood"])
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-6)
+    np.testing.assert_array_equal(replay.output["action"], rollout.output["action"])
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
+def test_rollout_and_replay_advance_the_stream_alike(deterministic):
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    head.set_attributes(deterministic=deterministic)
+    mean_and_std = _inputs((4,))
+    rollout = head((), mean_and_std)
+    after_rollout = _count(head.rng)
+    head((), mean_and_std, rollout.rollout_extras)
+    assert _count(head.rng) - after_rollout == after_rollout == (1 if deterministic else 2)
+
+
+def test_eval_acts_with_the_squashed_mean_and_train_samples_again():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    mean_and_std = _inputs((4,))
+    head.eval()
+    assert head.deterministic
+    out = head((), mean_and_std)
+    np.testing.assert_array_equal(out.output["action"], jnp.tanh(mean_and_std[..., :A]))
+    head.train()
+    assert not head.deterministic
+    assert not jnp.allclose(head((), mean_and_std).output["action"], out.output["action"])
+
+
+def test_gradients_reach_mean_and_std_but_never_the_stored_action():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    mean_and_std = _inputs((4,))
+    stored = head((), mean_and_std).rollout_extras
+
+    def loss(head, params, pre_image):
+        out = head((), params, pre_image)
+        return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
+
+    grad_params, grad_stored = nnx.grad(loss, argnums=(1, 2))(head, mean_and_std, stored)
+    assert jnp.all(grad_params != 0) and jnp.all(jnp.isfinite(grad_params))
+    np.testing.assert_array_equal(grad_stored, 0.0)
+
+
+@pytest.mark.parametrize("z", [10.0, -20.0, 50.0])
+def test_saturated_replay_is_finite_with_finite_gradients(z):
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    mean_and_std = jnp.array([z, z, -1.0, -1.0])
+    stored = head((), mean_and_std).rollout_extras
+    assert jnp.all(jnp.abs(jnp.tanh(stored)) == 1.0)
+
+    def loss(head, params):
+        return head((), params, stored).output["log_likelihood"]
+
+    value, grad = nnx.value_and_grad(loss, argnums=1)(head, mean_and_std)
+    assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
+
+
+def test_value_and_grad_through_a_policy_network():
+    class Policy(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(5, 2 * A, rngs=rngs)
+            self.head = samplers.NormalTanhSampler(rngs, **OPTIONS)
+
+        def __call__(self, obs, extras=None):
+            return self.head((), self.linear(obs), extras)
+
+    policy = Policy(nnx.Rngs(0))
+    obs = jax.random.normal(jax.random.key(1), (8, 5))
+    stored = policy(obs)
+
+    @nnx.jit
+    def loss_and_grad(policy, obs, stored):
+        def loss(policy):
+            out = policy(obs, stored.rollout_extras)
+            ratio = jnp.exp(out.output["log_likelihood"] - stored.output["log_likelihood"])
+            return jnp.mean(-ratio + out.regularization_loss), ratio
+
+        return nnx.value_and_grad(loss, has_aux=True)(policy)
+
+    (_, ratio), grads = loss_and_grad(policy, obs, stored)
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-6)
+    assert jnp.all(grads["linear"]["kernel"][...] != 0)
+
+
+def test_nnx_jit_does_not_retrace_on_repeated_calls():
+    traces = 0
+
+    @nnx.jit
+    def step(head, mean_and_std, extras):
+        nonlocal traces
+        traces += 1
+        return head((), mean_and_std, extras)
+
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    rollout = nnx.jit(lambda head, x: head((), x))(head, _inputs((4,)))
+    for seed in range(4):
+        step(head, _inputs((4,), seed=seed), rollout.rollout_extras)
+    assert traces == 1
+
+
+def test_nnx_scan_over_time_matches_a_python_loop():
+    sequence = _inputs((6, 4))  # [T, B, 2A]
+    looped = samplers.NormalTanhSampler(nnx.Rngs(7), **OPTIONS)
+    expected = [looped((), x) for x in sequence]
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+    def rollout(head, x):
+        out = head((), x)
+        return head, (out.output["action"], out.output["log_likelihood"])
+
+    scanned = samplers.NormalTanhSampler(nnx.Rngs(7), **OPTIONS)
+    _, (actions, log_likelihoods) = rollout(scanned, sequence)
+    np.testing.assert_allclose(
+        actions, jnp.stack([o.output["action"] for o in expected]), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        log_likelihoods, jnp.stack([o.output["log_likelihood"] for o in expected]), rtol=1e-5
+    )
+    assert _count(scanned.rng) == _count(looped.rng)
+
+
+def test_generic_sampler_with_bounds_keeps_actions_inside_and_replays():
+    low, high = jnp.array([-2.0, 0.0, -0.5]), jnp.array([2.0, 1.0, 3.0])
+    head = samplers.SquashedNormalSampler(
+        nnx.Rngs(0), 0.01, bijector=samplers.BoundedTanh(low, high)
+    )
+    mean_and_std = _inputs((64,), scale=20.0)
+    rollout = nnx.jit(lambda head, x: head((), x))(head, mean_and_std)
+    action = rollout.output["action"]
+    assert jnp.all(action >= low[None]) and jnp.all(action <= high[None])
+    replay = head((), mean_and_std, rollout.rollout_extras)
+    np.testing.assert_allclose(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
+    )
+    assert jnp.all(jnp.isfinite(rollout.regularization_loss))
+
+
+@pytest.mark.parametrize(
+    "bijector", [distrax.Sigmoid(), distrax.Lambda(lambda x: x)], ids=["sigmoid", "identity"]
+)
+def test_generic_sampler_scores_with_its_distribution(bijector):
+    head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.01, bijector=bijector)
+    mean_and_std = _inputs((5,))
+    out = head((), mean_and_std)
+    dist = head.distribution(mean_and_std)
+    np.testing.assert_allclose(
+        out.output["log_likelihood"], dist.log_prob(out.output["action"]), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_state_interface():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    assert head.initialize_state(8) == () and head.reset_state(()) == ()
+    assert head((), _inputs((2,))).next_state == ()
+
+
+@pytest.mark.parametrize(
+    "extras, error, message",
+    [
+        (jnp.zeros((4, 2)), ValueError, r"must have the action shape \(4, 3\).*got \(4, 2\)"),
+        (jnp.zeros((3,)), ValueError, r"must have the action shape \(4, 3\).*got \(3,\)"),
+        (jnp.zeros((1, 4, 3)), ValueError, r"must have the action shape \(4, 3\).*got \(1, 4, 3\)"),
+        (jnp.zeros((4, 3), jnp.int32), TypeError, r"rollout_extras must have a floating dtype"),
+    ],
+)
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_a_replayed_action_of_the_wrong_shape_or_dtype_is_refused(extras, error, message, jitted):
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    with pytest.raises(error, match=message):
+        _call(jitted)(head, _inputs((4,)), extras)
+
+
+def test_odd_input_is_refused_by_the_module():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    with pytest.raises(ValueError, match=r"last axis of even length .* got shape \(4, 5\)"):
+        head((), jnp.zeros((4, 5)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"entropy_weight": float("inf")}, ValueError, r"entropy_weight must be finite, got inf"),
+        ({"entropy_weight": float("nan")}, ValueError, r"entropy_weight must be finite, got nan"),
+        ({"entropy_weight": None}, TypeError, r"entropy_weight must be a real number, got None"),
+        ({"min_std": -1e-3}, ValueError, r"min_std must be >= 0.0, got -0.001"),
+        ({"std_scale": -1.0}, ValueError, r"std_scale must be > 0.0, got -1.0"),
+        ({"rng": 0}, TypeError, r"rng must be an nnx.Rngs, got int; pass e.g. nnx.Rngs\(0\)"),
+    ],
+)
+def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
+    arguments = {"rng": nnx.Rngs(0), **OPTIONS, **kwargs}
+    with pytest.raises(error, match=message):
+        samplers.NormalTanhSampler(**arguments)
