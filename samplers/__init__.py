@@ -7,9 +7,9 @@ The pure layer (:func:`normal_tanh`, :func:`squashed_normal`,
 mode and replay of stored pre-images.
 """
 
-from samplers.bijectors import BoundedTanh
+from samplers.bijectors import BoundedTanh, Tanh
 from samplers.distributions import SquashedNormal, normal_tanh, squashed_normal
-from samplers.sampler import ActionSampler, NormalTanhSampler, SquashedNormalSampler
+from samplers.sampler import ActionSampler, NormalTanhSampler, SquashedNormalSampler, functional
 from samplers.types import StatefulModule, StatefulModuleOutput
 
 __all__ = [
@@ -20,6 +20,8 @@ __all__ = [
     "SquashedNormalSampler",
     "StatefulModule",
     "StatefulModuleOutput",
+    "Tanh",
+    "functional",
     "normal_tanh",
     "squashed_normal",
 ]

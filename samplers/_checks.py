@@ -60,3 +60,17 @@ def float_array(name: str, value, *, hint: str = "") -> jax.Array:
             f"cast it with .astype(jnp.float32)."
         )
     return jnp.asarray(value)
+
+
+def positive_int(name: str, value) -> int:
+    """Returns ``value`` after checking it is a positive Python integer.
+
+    Raises:
+        TypeError: ``value`` is not an integer (bools included).
+        ValueError: ``value`` is below 1.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}.")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}.")
+    return int(value)

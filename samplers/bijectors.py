@@ -1,4 +1,4 @@
-"""Elementwise bijectors for bounded action spaces."""
+"""Elementwise bijectors: tanh, and tanh onto per-dimension bounds."""
 
 import distrax
 import jax
@@ -7,19 +7,58 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 
+@jax.custom_jvp
 def _tanh_log_det(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     """``log|d tanh(x) / dx|`` in a form that stays finite for any finite ``x``.
 
     ``log(1 - tanh(x)**2)`` is ``log(0) = -inf`` once ``tanh(x)`` rounds to 1
-    (from ``|x| ~ 8`` with XLA's float32 ``tanh``); ``2 * (log 2 - x - softplus(-2 x))``
-    is the same quantity without the cancellation.
+    (from ``|x| ~ 8`` with XLA's float32 ``tanh``);
+    ``2 * (log 2 - |x| - log1p(exp(-2|x|)))`` is the same quantity without the
+    cancellation. Its derivative, ``-2 tanh(x)``, reuses the same ``exp``.
 
     Example:
         >>> import jax.numpy as jnp
         >>> round(float(_tanh_log_det(jnp.float32(20.0))), 4)
         -38.6137
     """
-    return 2.0 * (jnp.log(2.0) - x - jax.nn.softplus(-2.0 * x))
+    return _tanh_log_det_and_derivative(x)[0]
+
+
+def _tanh_log_det_and_derivative(x):
+    magnitude = jnp.abs(x)
+    e = jnp.exp(-2.0 * magnitude)
+    log_det = 2.0 * (jnp.log(2.0) - magnitude - jnp.log1p(e))
+    return log_det, -2.0 * jnp.sign(x) * (1.0 - e) / (1.0 + e)
+
+
+@_tanh_log_det.defjvp
+def _tanh_log_det_jvp(primals, tangents):
+    log_det, derivative = _tanh_log_det_and_derivative(primals[0])
+    return log_det, derivative * tangents[0]
+
+
+class Tanh(distrax.Tanh):
+    """``distrax.Tanh`` with a log-determinant that is cheaper to differentiate.
+
+    The same maps and the same values to float32 rounding, but the
+    log-determinant and its derivative share one ``exp(-2|x|)``, which XLA
+    does not find by itself. :func:`samplers.normal_tanh` uses it.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> samplers.Tanh().forward_and_log_det(jnp.array([0.0, 20.0]))
+        (Array([0., 1.], dtype=float32), Array([  0.      , -38.613705], dtype=float32))
+    """
+
+    def forward_log_det_jacobian(self, x):
+        return _tanh_log_det(x)
+
+    def forward_and_log_det(self, x):
+        return jnp.tanh(x), _tanh_log_det(x)
+
+    def inverse_and_log_det(self, y):
+        x = jnp.arctanh(y)
+        return x, -_tanh_log_det(x)
 
 
 class BoundedTanh(distrax.Bijector):
@@ -49,22 +88,24 @@ class BoundedTanh(distrax.Bijector):
 
     def __init__(self, low: Float[ArrayLike, "*action"], high: Float[ArrayLike, "*action"]):
         super().__init__(event_ndims_in=0)
-        low_np, high_np = np.asarray(low), np.asarray(high)
-        if low_np.shape != high_np.shape or low_np.ndim > 1:
+        if np.shape(low) != np.shape(high) or np.ndim(low) > 1:
             raise ValueError(
                 f"low and high must have the same shape, () or (action_dim,), got "
-                f"{low_np.shape} and {high_np.shape}; give one bound per action dimension."
+                f"{np.shape(low)} and {np.shape(high)}; give one bound per action dimension."
             )
-        for name, bound in (("low", low_np), ("high", high_np)):
-            if not np.issubdtype(bound.dtype, np.number) or not np.all(np.isfinite(bound)):
-                raise ValueError(f"{name} must be finite real numbers, got {bound}.")
-        if np.any(low_np >= high_np):
-            raise ValueError(
-                f"low must be < high in every dimension, got low={low_np} and high={high_np}."
-            )
+        # Traced bounds (built inside a jitted function) can only be checked for shape.
+        if not any(isinstance(bound, jax.core.Tracer) for bound in (low, high)):
+            low_np, high_np = np.asarray(low), np.asarray(high)
+            for name, bound in (("low", low_np), ("high", high_np)):
+                if not np.issubdtype(bound.dtype, np.number) or not np.all(np.isfinite(bound)):
+                    raise ValueError(f"{name} must be finite real numbers, got {bound}.")
+            if np.any(low_np >= high_np):
+                raise ValueError(
+                    f"low must be < high in every dimension, got low={low_np} and high={high_np}."
+                )
         dtype = jnp.result_type(float)
-        self.low = jnp.asarray(low_np, dtype)
-        self.high = jnp.asarray(high_np, dtype)
+        self.low = jnp.asarray(low, dtype)
+        self.high = jnp.asarray(high, dtype)
 
     def _bounds(self, shape):
         # Broadcast explicitly: the bounds cover the last axis, the input may have more.

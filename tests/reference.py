@@ -63,3 +63,14 @@ def spec_sampler_call(
         "mu": mean,
         "sigma": std,
     }
+
+
+def tanh_normal_entropy_float64(mean, std):
+    """Entropy of ``tanh(x)``, ``x ~ N(mean, std)`` (1-D), by float64 quadrature.
+
+    ``H[y] = -E[log p_y(tanh x)]``, integrated over the pre-image on a dense grid.
+    """
+    x = np.linspace(mean - 14 * std, mean + 14 * std, 400_001)
+    density = np.exp(-0.5 * ((x - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
+    log_p = tanh_normal_log_prob_float64(x[:, None], mean, std)
+    return -np.trapezoid(density * log_p, x)

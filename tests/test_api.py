@@ -20,6 +20,8 @@ def test_public_names_are_pinned():
         "SquashedNormalSampler",
         "StatefulModule",
         "StatefulModuleOutput",
+        "Tanh",
+        "functional",
         "normal_tanh",
         "squashed_normal",
     ]

@@ -127,18 +127,143 @@ def test_entropy_estimate_is_the_reparameterised_one_sample_formula(batch_shape)
     np.testing.assert_allclose(dist.entropy_estimate(seed=key), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_entropy_estimate_is_unbiased_for_the_squashed_entropy():
-    # 1-D: the float64 entropy by quadrature over the pre-image, -E[log p(tanh x)].
-    mean, std = 0.7, 1.3
-    x = np.linspace(mean - 12 * std, mean + 12 * std, 200_001)
-    density = np.exp(-0.5 * ((x - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
-    log_p = reference.tanh_normal_log_prob_float64(x[:, None], mean, std)
-    exact = -np.trapezoid(density * log_p, x)
-    raw_std = np.log(np.expm1(std - 1e-3))
-    dist = samplers.normal_tanh(jnp.full((20_000, 2), jnp.array([mean, raw_std])))
-    estimates = np.asarray(dist.entropy_estimate(seed=jax.random.key(5)), np.float64)
+def _raw_std(std, min_std=1e-3):
+    return float(np.log(np.expm1(std - min_std)))
+
+
+@pytest.mark.parametrize("num_samples", [1, 4])
+@pytest.mark.parametrize("mean, std", [(0.7, 1.3), (-2.0, 0.3), (0.0, 4.0)])
+def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_samples):
+    exact = reference.tanh_normal_entropy_float64(mean, std)
+    dist = samplers.normal_tanh(jnp.tile(jnp.array([mean, _raw_std(std)]), (20_000, 1)))
+    estimates = np.asarray(
+        dist.entropy_estimate(seed=jax.random.key(5), num_samples=num_samples), np.float64
+    )
     standard_error = estimates.std() / np.sqrt(estimates.size)
     assert abs(estimates.mean() - exact) < 3 * standard_error
+
+
+def test_more_samples_lower_the_variance():
+    dist = samplers.normal_tanh(jnp.tile(jnp.array([0.7, _raw_std(1.3)]), (4_000, 1)))
+    spread = [
+        float(jnp.std(dist.entropy_estimate(seed=jax.random.key(6), num_samples=k)))
+        for k in (1, 16)
+    ]
+    assert spread[1] < spread[0] / 3  # 1/sqrt(16) = 1/4 in expectation
+
+
+@pytest.mark.parametrize(
+    "mean, std, num_points, tolerance",
+    [
+        (0.7, 1.3, 8, 3e-3),
+        (-2.0, 0.3, 8, 1e-4),
+        (5.0, 0.05, 8, 1e-4),
+        (0.0, 1.0, 8, 1e-3),
+        # log|tanh'(x)| bends over a width of about 1: a wide std needs more nodes.
+        (0.0, 4.0, 8, 0.25),
+        (0.0, 4.0, 64, 2e-3),
+    ],
+)
+def test_quadrature_matches_the_float64_entropy(mean, std, num_points, tolerance):
+    exact = reference.tanh_normal_entropy_float64(mean, std)
+    dist = samplers.normal_tanh(jnp.array([mean, _raw_std(std)]))
+    assert abs(float(dist.entropy_quadrature(num_points)) - exact) < tolerance
+
+
+def test_quadrature_is_differentiable_and_deterministic():
+    mean_and_std = _inputs((4,))
+    grad = jax.grad(lambda p: samplers.normal_tanh(p).entropy_quadrature().sum())(mean_and_std)
+    assert jnp.all(jnp.isfinite(grad)) and jnp.all(grad != 0)
+    dist = samplers.normal_tanh(mean_and_std)
+    np.testing.assert_array_equal(dist.entropy_quadrature(), dist.entropy_quadrature())
+
+
+def test_base_entropy_ignores_the_squashing_and_overstates_it():
+    mean, std = 0.7, 1.3
+    dist = samplers.normal_tanh(jnp.array([mean, _raw_std(std)]))
+    base = float(dist.distribution.entropy())
+    assert base == pytest.approx(0.5 + 0.5 * np.log(2 * np.pi) + np.log(std), rel=1e-5)
+    assert base > reference.tanh_normal_entropy_float64(mean, std)
+
+
+@pytest.mark.parametrize(
+    "bijector",
+    [samplers.Tanh(), samplers.BoundedTanh(-2.0, 3.0), distrax.Sigmoid()],
+    ids=["tanh", "bounded-tanh", "sigmoid"],
+)
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_saved_derivatives_equal_autodiff_of_the_plain_formula(bijector, num_samples):
+    mean_and_std = _inputs((5,))
+    pre_image = 3.0 * jax.random.normal(jax.random.key(7), (5, A))
+    key = jax.random.key(8)
+    weights = jnp.arange(1.0, 6.0)
+
+    def ours(params, x):
+        dist = samplers.squashed_normal(params, bijector)
+        entropy = dist.entropy_estimate(seed=key, num_samples=num_samples)
+        return jnp.sum(weights * (dist.log_prob_from_pre_image(x) + entropy))
+
+    def plain(params, x):
+        dist = samplers.squashed_normal(params, bijector)
+        log_det = dist.bijector.forward_log_det_jacobian
+        shape = (num_samples, *dist.loc.shape)
+        eps = (
+            jax.random.normal(key, dist.loc.shape)[None]
+            if num_samples == 1
+            else (jax.random.normal(key, shape))
+        )
+        z = dist.loc[None] + dist.scale[None] * jax.lax.stop_gradient(eps)
+        entropy = dist.distribution.entropy() + jnp.mean(jax.vmap(log_det)(z), axis=0)
+        log_prob = dist.distribution.log_prob(x) - log_det(x)
+        return jnp.sum(weights * (log_prob + entropy))
+
+    for ours_grad, plain_grad in zip(
+        jax.grad(ours, argnums=(0, 1))(mean_and_std, pre_image),
+        jax.grad(plain, argnums=(0, 1))(mean_and_std, pre_image),
+        strict=True,
+    ):
+        np.testing.assert_allclose(ours_grad, plain_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_gradients_reach_the_bounds():
+    pre_image = jax.random.normal(jax.random.key(9), (4, 2))
+
+    def log_prob(low, high):
+        dist = samplers.squashed_normal(
+            _inputs((4,), seed=1)[:, :4], samplers.BoundedTanh(low, high)
+        )
+        return jnp.sum(dist.log_prob_from_pre_image(pre_image))
+
+    low, high = jnp.array([-2.0, 0.0]), jnp.array([2.0, 1.0])
+    d_low, d_high = jax.grad(log_prob, argnums=(0, 1))(low, high)
+    # log p has -log((high - low) / 2) per sample: 4 samples, 1 / half_range each.
+    np.testing.assert_allclose(d_low, 4 / (high - low), rtol=1e-5)
+    np.testing.assert_allclose(d_high, -4 / (high - low), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda d: d.entropy_estimate(seed=jax.random.key(0), num_samples=0),
+            ValueError,
+            r"num_samples must be a positive integer, got 0",
+        ),
+        (
+            lambda d: d.entropy_estimate(seed=jax.random.key(0), num_samples=2.0),
+            TypeError,
+            r"num_samples must be a positive integer, got 2.0",
+        ),
+        (
+            lambda d: d.entropy_quadrature(-1),
+            ValueError,
+            r"num_points must be a positive integer, got -1",
+        ),
+    ],
+)
+def test_bad_estimator_sizes_are_refused(call, error, message):
+    with pytest.raises(error, match=message):
+        call(samplers.normal_tanh(jnp.zeros(4)))
 
 
 def test_entropy_gradient_reaches_mean_and_std():
@@ -168,6 +293,15 @@ def test_a_tfp_bijector_is_accepted():
     dist = samplers.squashed_normal(_inputs((2,)), tfb.Tanh())
     action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
     np.testing.assert_allclose(log_prob, dist.log_prob(action), rtol=1e-4, atol=1e-4)
+
+
+def test_bounds_can_be_built_inside_a_jitted_function():
+    def log_prob(mean_and_std, low):
+        dist = samplers.squashed_normal(mean_and_std, samplers.BoundedTanh(low, low + 4.0))
+        return dist.sample_with_pre_image(seed=jax.random.key(0))
+
+    action, _, log_prob_value = jax.jit(log_prob)(_inputs((5,)), jnp.full(A, -2.0))
+    assert jnp.all(jnp.abs(action) <= 2.0) and jnp.all(jnp.isfinite(log_prob_value))
 
 
 def test_distribution_passes_through_jit():

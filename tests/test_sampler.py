@@ -273,3 +273,87 @@ def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
     arguments = {"rng": nnx.Rngs(0), **OPTIONS, **kwargs}
     with pytest.raises(error, match=message):
         samplers.NormalTanhSampler(**arguments)
+
+
+@pytest.mark.parametrize(
+    "entropy, points", [("sample", None), ("sample", 4), ("quadrature", None), ("base", None)]
+)
+def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
+    head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=entropy, entropy_points=points)
+    default = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1)
+    mean_and_std = _inputs((6,))
+    rollout = head((), mean_and_std)
+    reference_rollout = default((), mean_and_std)
+    np.testing.assert_array_equal(rollout.rollout_extras, reference_rollout.rollout_extras)
+    replay = head((), mean_and_std, rollout.rollout_extras)
+    default((), mean_and_std, rollout.rollout_extras)
+    assert _count(head.rng) == _count(default.rng) == 4
+    np.testing.assert_allclose(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
+    )
+    assert jnp.all(jnp.isfinite(replay.regularization_loss))
+
+
+def test_deterministic_estimators_do_not_depend_on_the_key():
+    mean_and_std = _inputs((6,))
+    losses = [
+        samplers.NormalTanhSampler(nnx.Rngs(seed), 0.1, entropy="quadrature")(
+            (), mean_and_std
+        ).regularization_loss
+        for seed in (0, 1)
+    ]
+    np.testing.assert_array_equal(losses[0], losses[1])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"entropy": "exact"}, ValueError, r"entropy must be one of \['base', 'quadrature', "),
+        ({"entropy_points": 0}, ValueError, r"entropy_points must be a positive integer, got 0"),
+        ({"entropy_points": 1.5}, TypeError, r"entropy_points must be a positive integer"),
+    ],
+)
+def test_bad_entropy_options_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        samplers.NormalTanhSampler(nnx.Rngs(0), 0.1, **kwargs)
+
+
+def test_functional_matches_the_module_call_after_call():
+    module = samplers.NormalTanhSampler(nnx.Rngs(5), **OPTIONS)
+    apply, state = samplers.functional(samplers.NormalTanhSampler(nnx.Rngs(5), **OPTIONS))
+    for seed in range(3):
+        mean_and_std = _inputs((4,), seed=seed)
+        expected = module((), mean_and_std)
+        out, state = apply(state, mean_and_std)
+        replayed, state = apply(state, mean_and_std, out.rollout_extras)
+        module((), mean_and_std, expected.rollout_extras)
+        for field in FIELDS:
+            np.testing.assert_allclose(_flat(out)[field], _flat(expected)[field], rtol=1e-6)
+        np.testing.assert_allclose(
+            replayed.output["log_likelihood"], out.output["log_likelihood"], rtol=1e-6
+        )
+    assert int(state["rng"]["default"]["count"]) == _count(module.rng) == 12
+
+
+def test_functional_state_writes_back_and_reads_deterministic_when_made():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    apply, state = samplers.functional(head)
+    _, state = apply(state, _inputs((2,)))
+    nnx.update(head, state)
+    assert _count(head.rng) == 2
+    head.eval()
+    apply_eval, state = samplers.functional(head)
+    out, _ = apply_eval(state, _inputs((2,)))
+    np.testing.assert_array_equal(out.output["action"], jnp.tanh(_inputs((2,))[..., :A]))
+
+
+def test_bounds_are_configuration_not_state():
+    head = samplers.SquashedNormalSampler(
+        nnx.Rngs(0), 0.01, bijector=samplers.BoundedTanh(jnp.array([-2.0, 0.0]), 1.0 + jnp.ones(2))
+    )
+    assert set(nnx.to_pure_dict(nnx.state(head))) == {"rng"}
+    state = nnx.to_pure_dict(nnx.state(head))  # a snapshot: arrays, not the live variables
+    head((), _inputs((3,))[..., :4])
+    nnx.update(head, state)  # writes the stream back; nothing else to write
+    assert _count(head.rng) == 0
+    assert isinstance(nnx.clone(head).bijector, samplers.BoundedTanh)

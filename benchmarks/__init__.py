@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of ``samplers`` against hand-written code and peer libraries."""

@@ -1,0 +1,198 @@
+"""The implementations timed side by side, each as two pure functions.
+
+``rollout(mean_and_std, rng) -> ((action, log_likelihood, raw_action), next_rng)``
+and ``loss(mean_and_std, raw_action, old_log_likelihood, advantage, rng) ->
+(scalar, next_rng)`` (a clipped PPO surrogate plus the entropy cost, the noise
+for the entropy drawn inside). Every step advances its random state, as it must
+in a training loop: a JAX key is split, the ``samplers`` head advances its
+``nnx.Rngs`` stream. The suite jits ``rollout`` and
+``jax.value_and_grad(loss, has_aux=True)``.
+
+``handwritten`` is the reference every ratio is taken against: the specified
+maths written out directly, as a user would without a library.
+"""
+
+import importlib.util
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import distrax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from tensorflow_probability.substrates import jax as tfp
+
+import samplers
+
+MIN_STD, STD_SCALE, ENTROPY_WEIGHT, CLIP = 1e-3, 1.0, 0.01, 0.2
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class Implementation(NamedTuple):
+    name: str
+    rollout: Callable
+    loss: Callable | None  # None: no loss step (the floor's is the draw alone)
+    random_input: Callable = lambda key: key  # what the functions take in place of a key
+
+
+def _splitting_key(step):
+    """Wraps ``step(*inputs, key) -> out`` as ``step(*inputs, key) -> (out, next_key)``."""
+
+    def threaded(*args):
+        *inputs, key = args
+        key, subkey = jax.random.split(key)
+        return step(*inputs, subkey), key
+
+    return threaded
+
+
+def _surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
+    ratio = jnp.exp(log_likelihood - old_log_likelihood)
+    clipped = jnp.clip(ratio, 1 - CLIP, 1 + CLIP)
+    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+    return policy_loss - ENTROPY_WEIGHT * jnp.mean(entropy)
+
+
+def _split(mean_and_std):
+    mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
+    return mean, (jax.nn.softplus(raw_std) + MIN_STD) * STD_SCALE
+
+
+# --- hand-written: the specified formula, fused by XLA ---------------------------
+
+
+def _tanh_log_det(z):
+    return 2.0 * (jnp.log(2.0) - z - jax.nn.softplus(-2.0 * z))
+
+
+def _handwritten_log_prob(z, mean, std):
+    log_normal = -0.5 * jnp.square((z - mean) / std) - (_HALF_LOG_2PI + jnp.log(std))
+    return jnp.sum(log_normal - _tanh_log_det(z), axis=-1)
+
+
+def handwritten_rollout(mean_and_std, key):
+    mean, std = _split(mean_and_std)
+    z = mean + std * jax.random.normal(key, mean.shape)
+    return jnp.tanh(z), _handwritten_log_prob(z, mean, std), z
+
+
+def handwritten_loss(mean_and_std, raw, old_log_likelihood, advantage, key):
+    mean, std = _split(mean_and_std)
+    eps = jax.lax.stop_gradient(jax.random.normal(key, mean.shape))
+    entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std) + _tanh_log_det(mean + std * eps), -1)
+    return _surrogate(_handwritten_log_prob(raw, mean, std), old_log_likelihood, advantage, entropy)
+
+
+# --- samplers: the NNX head through its pure-function path -----------------------
+
+
+def samplers_functions(**options):
+    """The head's state (its stream) is the random input, passed in like a key.
+
+    ``options`` go to ``NormalTanhSampler`` (e.g. ``entropy="quadrature"``).
+    """
+
+    def head(seed):
+        return samplers.NormalTanhSampler(nnx.Rngs(seed), ENTROPY_WEIGHT, **options)
+
+    apply, _ = samplers.functional(head(0))
+
+    def rollout(mean_and_std, state):
+        out, state = apply(state, mean_and_std)
+        return (out.output["action"], out.output["log_likelihood"], out.rollout_extras), state
+
+    def loss(mean_and_std, raw, old_log_likelihood, advantage, state):
+        out, state = apply(state, mean_and_std, raw)
+        entropy = -out.regularization_loss / ENTROPY_WEIGHT
+        surrogate = _surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
+        return surrogate, state
+
+    def random_input(key):
+        return samplers.functional(head(key))[1]
+
+    return rollout, loss, random_input
+
+
+# --- distrax and TFP: the plain idiom, scoring the stored pre-image --------------
+
+
+def _distrax_functions():
+    def parts(mean_and_std):
+        mean, std = _split(mean_and_std)
+        return distrax.MultivariateNormalDiag(mean, std), distrax.Block(distrax.Tanh(), 1)
+
+    def rollout(mean_and_std, key):
+        base, bijector = parts(mean_and_std)
+        z = base.sample(seed=key)
+        action, log_det = bijector.forward_and_log_det(z)
+        return action, base.log_prob(z) - log_det, z
+
+    def loss(mean_and_std, raw, old_log_likelihood, advantage, key):
+        base, bijector = parts(mean_and_std)
+        log_likelihood = base.log_prob(raw) - bijector.forward_log_det_jacobian(raw)
+        eps = jax.lax.stop_gradient(jax.random.normal(key, raw.shape))
+        z = base.mean() + base.stddev() * eps
+        entropy = base.entropy() + bijector.forward_log_det_jacobian(z)
+        return _surrogate(log_likelihood, old_log_likelihood, advantage, entropy)
+
+    return rollout, loss
+
+
+def _tfp_functions():
+    tfd, tfb = tfp.distributions, tfp.bijectors
+
+    def log_det(z):  # TFP's Tanh is elementwise: sum over the event axis
+        return jnp.sum(tfb.Tanh().forward_log_det_jacobian(z, event_ndims=0), axis=-1)
+
+    def rollout(mean_and_std, key):
+        base = tfd.MultivariateNormalDiag(*_split(mean_and_std))
+        z = base.sample(seed=key)
+        return tfb.Tanh().forward(z), base.log_prob(z) - log_det(z), z
+
+    def loss(mean_and_std, raw, old_log_likelihood, advantage, key):
+        mean, std = _split(mean_and_std)
+        base = tfd.MultivariateNormalDiag(mean, std)
+        eps = jax.lax.stop_gradient(jax.random.normal(key, raw.shape))
+        entropy = base.entropy() + log_det(mean + std * eps)
+        return _surrogate(base.log_prob(raw) - log_det(raw), old_log_likelihood, advantage, entropy)
+
+    return rollout, loss
+
+
+# --- Brax, when installed --------------------------------------------------------
+
+
+def _brax_functions():
+    from brax.training import distribution
+
+    def rollout(mean_and_std, key):
+        dist = distribution.NormalTanhDistribution(mean_and_std.shape[-1] // 2, min_std=MIN_STD)
+        raw = dist.sample_no_postprocessing(mean_and_std, key)
+        return dist.postprocess(raw), dist.log_prob(mean_and_std, raw), raw
+
+    def loss(mean_and_std, raw, old_log_likelihood, advantage, key):
+        dist = distribution.NormalTanhDistribution(mean_and_std.shape[-1] // 2, min_std=MIN_STD)
+        entropy = dist.entropy(mean_and_std, key)
+        return _surrogate(dist.log_prob(mean_and_std, raw), old_log_likelihood, advantage, entropy)
+
+    return rollout, loss
+
+
+# --- the floor: the noise draws alone --------------------------------------------
+
+
+def floor_rollout(mean_and_std, key):
+    return jax.random.normal(key, (*mean_and_std.shape[:-1], mean_and_std.shape[-1] // 2))
+
+
+def all_implementations() -> list[Implementation]:
+    """Every implementation available here, the reference first."""
+    key_based = [("handwritten", (handwritten_rollout, handwritten_loss))]
+    key_based += [("distrax", _distrax_functions()), ("tfp", _tfp_functions())]
+    if importlib.util.find_spec("brax") is not None:
+        key_based.append(("brax", _brax_functions()))
+    found = [Implementation(name, *map(_splitting_key, fns)) for name, fns in key_based]
+    found.insert(1, Implementation("samplers", *samplers_functions()))
+    found.append(Implementation("floor (draw alone)", _splitting_key(floor_rollout), None))
+    return found

@@ -1,0 +1,8 @@
+"""Runnable examples that use only the public ``samplers`` API.
+
+Install them with ``pip install 'samplers[examples]'``; each is a module run as
+``python -m samplers.examples.<name>``:
+
+- ``pendulum``: PPO on gymnax's ``Pendulum-v1`` with a squashed-Normal policy head
+  that stores the pre-squash action in the rollout and replays it in the loss.
+"""
