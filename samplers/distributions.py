@@ -27,14 +27,15 @@ class SquashedNormal(distrax.Transformed):
     """A diagonal Normal over the last axis pushed through an elementwise bijector.
 
     ``x = loc + scale * eps`` with ``eps ~ N(0, I)``, and the action is
-    ``y = f(x)`` for an elementwise bijector ``f`` (``distrax.Tanh`` by default).
-    The density is ``log p(y) = log N(x; loc, scale) - sum log|f'(x)|``.
+    ``y = f(x)`` for an elementwise bijector ``f`` such as tanh. The density is
+    ``log p(y) = log N(x; loc, scale) - sum log|f'(x)|``.
 
     Numerical caveat: ``log_prob(y)`` (inherited from ``distrax.Transformed``)
     needs ``x = f^-1(y)``. In float32 ``tanh(x)`` rounds to exactly 1 from
-    ``x ~ 8`` on (XLA's ``tanh``), so ``log_prob(tanh(x))`` is NaN there. Keep the pre-image ``x``
-    that produced an action and score it with :meth:`log_prob_from_pre_image`,
-    which never inverts and is finite for any finite ``x``.
+    ``x ~ 8`` on (XLA's ``tanh``), so ``log_prob(tanh(x))`` is NaN there. Keep the
+    pre-image ``x`` that produced an action and score it with
+    :meth:`log_prob_from_pre_image`, which never inverts and is finite for any
+    finite ``x``.
 
     Args:
         loc: Means of the base Normal, shape ``[*batch, action]``.
@@ -79,7 +80,6 @@ class SquashedNormal(distrax.Transformed):
         )
         self._loc = loc
         self._scale = scale
-        self._log_det = bijector.forward_log_det_jacobian
 
     @property
     def loc(self) -> Float[Array, "*batch action"]:
@@ -90,6 +90,12 @@ class SquashedNormal(distrax.Transformed):
     def scale(self) -> Float[Array, "*batch action"]:
         """Standard deviations of the base Normal."""
         return self._scale
+
+    def _log_det(self, x):
+        # The elementwise log-determinant, taken from the (possibly rebuilt) bijector
+        # each time rather than stored, so a distribution that crossed a jit
+        # boundary holds no stale reference.
+        return self.bijector.bijector.forward_log_det_jacobian(x)
 
     def log_prob_from_pre_image(
         self, pre_image: Float[Array, "*batch action"]
@@ -155,8 +161,9 @@ class SquashedNormal(distrax.Transformed):
         """The entropy by Gauss-Hermite quadrature of ``E[log|f'(x)|]``, in nats.
 
         Deterministic (no key, zero variance) and differentiable in ``loc`` and
-        ``scale``. Its error is the quadrature's: small for smooth log-determinants
-        such as tanh's and falling quickly with ``num_points``.
+        ``scale``, but biased: ``log|tanh'(x)|`` bends over a width of about 1, so
+        the error grows with the std (8 nodes: under 3e-3 nats up to std 1.3, about
+        -0.2 nats at std 4; 64 nodes: 2e-3 at std 4).
         """
         num_points = _checks.positive_int("num_points", num_points)
         nodes, weights = np.polynomial.hermite.hermgauss(num_points)

@@ -1,0 +1,14 @@
+"""The README's Python examples run as written, in order, in one namespace."""
+
+import pathlib
+import re
+
+README = pathlib.Path(__file__).parent.parent / "README.md"
+
+
+def test_readme_python_blocks_run():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    assert len(blocks) >= 4
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), namespace)
