@@ -15,14 +15,23 @@ def test_public_names_are_pinned():
     assert sorted(samplers.__all__) == [
         "ActionSampler",
         "BoundedTanh",
+        "CrossCheckReport",
         "NormalTanhSampler",
         "SquashedNormal",
         "SquashedNormalSampler",
         "StatefulModule",
         "StatefulModuleOutput",
         "Tanh",
+        "bound_distance",
+        "cross_check",
         "functional",
+        "kl_divergence",
+        "log_prob_from_action",
+        "mode",
+        "mode_pre_image",
         "normal_tanh",
+        "ppo_log_ratio_stats",
+        "saturation_fraction",
         "squashed_normal",
     ]
     assert all(hasattr(samplers, name) for name in samplers.__all__)

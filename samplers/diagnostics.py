@@ -1,0 +1,268 @@
+"""Numbers to log while training a squashed-Normal policy, and the exact KL.
+
+Saturation and distance to the bounds show when a policy pushes its actions into
+the corners where float32 ``tanh`` loses information; the PPO ratio statistics
+show how far an update moved the policy; :func:`kl_divergence` is the closed form
+for two policies that share a squashing.
+"""
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from samplers import _checks
+from samplers.bijectors import BoundedTanh
+from samplers.distributions import SquashedNormal
+from samplers.inverse import _bijector_name, _squashing
+
+
+def saturation_fraction(
+    pre_image: Float[ArrayLike, "*shape"],
+    *,
+    threshold: float | None = None,
+    axis: int | tuple[int, ...] | None = None,
+) -> Float[Array, "*reduced"]:
+    """The fraction of pre-tanh values whose ``tanh`` is exactly ``+-1``.
+
+    There the action no longer says which pre-image produced it: ``atanh`` of it
+    is infinite and only the stored pre-image can be scored. By default the test
+    is ``|tanh(x)| == 1`` in the input's dtype on the current backend, so it
+    follows the backend's ``tanh`` (XLA's float32 ``tanh`` on CPU reaches 1 at
+    ``|x| ~ 7.9988``; a correctly rounded one would at ``13 log 2 ~ 9.01``).
+
+    Args:
+        pre_image: Pre-tanh values (e.g. a sampler's ``rollout_extras``), floating.
+        threshold: Count ``|x| >= threshold`` instead, e.g. to warn earlier.
+        axis: Axes to average over, as in ``jnp.mean``; ``None`` for all.
+
+    Returns:
+        The fraction in ``[0, 1]``, a scalar unless ``axis`` keeps some axes.
+
+    Raises:
+        TypeError: ``pre_image`` is not floating or ``threshold`` not a number.
+        ValueError: ``threshold`` is not positive.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from samplers.diagnostics import saturation_fraction
+        >>> saturation_fraction(jnp.array([0.5, -3.0, 8.5, -20.0]))
+        Array(0.5, dtype=float32)
+    """
+    pre_image = _checks.float_array("pre_image", pre_image)
+    if threshold is None:
+        saturated = jnp.abs(jnp.tanh(pre_image)) == 1
+    else:
+        threshold = _checks.real_number("threshold", threshold, above=0.0)
+        saturated = jnp.abs(pre_image) >= threshold
+    return jnp.mean(saturated, axis=axis, dtype=pre_image.dtype)
+
+
+def bound_distance(
+    dist_or_bijector: SquashedNormal | distrax.Bijector,
+    action: Float[ArrayLike, "*batch action"],
+    *,
+    normalized: bool = False,
+) -> Float[Array, "*batch"]:
+    """The smallest distance of each action to a bound, over its dimensions.
+
+    ``min over the last axis of min(action - low, high - action)``, in action
+    units, or as a fraction of each dimension's half range with
+    ``normalized=True`` (``1 - |u|`` for ``u`` in ``[-1, 1]``, comparable across
+    dimensions of different ranges). Zero means some dimension is on a bound.
+
+    Args:
+        dist_or_bijector: A :class:`SquashedNormal`, or its bijector:
+            ``samplers.Tanh``, ``distrax.Tanh``, ``samplers.BoundedTanh`` or
+            ``distrax.Sigmoid``, bare or in a ``distrax.Block``.
+        action: Actions, shape ``[*batch, action]``, floating.
+        normalized: Divide by the half range before taking the minimum.
+
+    Returns:
+        The distance, shape ``[*batch]``; negative for an action out of bounds.
+
+    Raises:
+        TypeError: the squashing is not one of the above, or ``action`` is not
+            floating.
+        ValueError: ``action`` has no last axis.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from samplers.diagnostics import bound_distance
+        >>> bound_distance(samplers.BoundedTanh(0.0, 2.0), jnp.array([[0.5, 1.9], [1.0, 1.0]]))
+        Array([0.1, 1. ], dtype=float32)
+    """
+    bijector = (
+        dist_or_bijector.bijector
+        if isinstance(dist_or_bijector, SquashedNormal)
+        else dist_or_bijector
+    )
+    squashing = _squashing(bijector)
+    if squashing is None:
+        raise TypeError(
+            f"bound_distance needs a bounded squashing (samplers.Tanh, distrax.Tanh, "
+            f"samplers.BoundedTanh or distrax.Sigmoid), got {_bijector_name(bijector)}."
+        )
+    action = _checks.float_array("action", action)
+    if action.ndim < 1:
+        raise ValueError(
+            "action must have shape [*batch, action], got a scalar; add the action axis "
+            "with action[None]."
+        )
+    low = jnp.broadcast_to(jnp.asarray(squashing.low, action.dtype), action.shape)
+    high = jnp.broadcast_to(jnp.asarray(squashing.high, action.dtype), action.shape)
+    distance = jnp.minimum(action - low, high - action)
+    if normalized:
+        distance = distance / ((high - low) / 2)
+    return jnp.min(distance, axis=-1)
+
+
+def ppo_log_ratio_stats(
+    log_prob: Float[ArrayLike, "*batch"],
+    old_log_prob: Float[ArrayLike, "*batch"],
+    *,
+    clip_epsilon: float = 0.2,
+) -> dict[str, Float[Array, ""]]:
+    """Statistics of the PPO ratio ``r = exp(log_prob - old_log_prob)``.
+
+    The actions are samples of the old policy, so both KL estimates below
+    estimate ``KL(old || new)`` (Schulman, "Approximating KL divergence", 2020):
+
+    - ``approx_kl``: ``mean((r - 1) - log r)`` (k3), unbiased and never negative;
+      ``r - 1`` is computed as ``expm1`` so that small ratios keep their digits.
+    - ``approx_kl_k1``: ``mean(-log r)`` (k1), unbiased but noisy and often
+      negative on a minibatch.
+    - ``clip_fraction``: the fraction outside PPO's clip range,
+      ``|r - 1| > clip_epsilon``.
+    - ``ratio_deviation_mean`` and ``ratio_deviation_max``: mean and max of
+      ``|r - 1|``.
+
+    Args:
+        log_prob: Log-likelihoods under the current policy, any shape.
+        old_log_prob: Those under the policy that collected the actions, the same
+            shape.
+        clip_epsilon: PPO's clip range, ``> 0``.
+
+    Returns:
+        A dict of scalars with the keys above.
+
+    Raises:
+        TypeError: an input is not floating or ``clip_epsilon`` is not a number.
+        ValueError: the shapes differ or ``clip_epsilon <= 0``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from samplers.diagnostics import ppo_log_ratio_stats
+        >>> stats = ppo_log_ratio_stats(jnp.log(jnp.array([1.0, 1.5])), jnp.zeros(2))
+        >>> stats["clip_fraction"], stats["ratio_deviation_max"]
+        (Array(0.5, dtype=float32), Array(0.5, dtype=float32))
+    """
+    log_prob = _checks.float_array("log_prob", log_prob)
+    old_log_prob = _checks.float_array("old_log_prob", old_log_prob)
+    clip_epsilon = _checks.real_number("clip_epsilon", clip_epsilon, above=0.0)
+    if log_prob.shape != old_log_prob.shape:
+        raise ValueError(
+            f"log_prob and old_log_prob must have the same shape, got {log_prob.shape} "
+            f"and {old_log_prob.shape}; pass the log-likelihoods of the same actions."
+        )
+    log_ratio = log_prob - old_log_prob
+    ratio_minus_one = jnp.expm1(log_ratio)
+    deviation = jnp.abs(ratio_minus_one)
+    return {
+        "approx_kl": jnp.mean(ratio_minus_one - log_ratio),
+        "approx_kl_k1": jnp.mean(-log_ratio),
+        "clip_fraction": jnp.mean(deviation > clip_epsilon, dtype=log_ratio.dtype),
+        "ratio_deviation_mean": jnp.mean(deviation),
+        "ratio_deviation_max": jnp.max(deviation),
+    }
+
+
+def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"]:
+    """``KL(p || q)`` of two squashed Normals that share their bijector, exactly.
+
+    A KL divergence does not change when both distributions are pushed through the
+    same bijection, so it is the KL of the base diagonal Normals, summed over the
+    action axis: ``sum(log(s_q / s_p) + (s_p**2 + (m_p - m_q)**2) / (2 s_q**2) - 1/2)``,
+    with ``s_p**2 / s_q**2 - 1 - 2 log(s_p / s_q)`` computed as ``expm1(2 t) - 2 t``
+    (``t = log(s_p / s_q)``) so that close stds keep their digits. Unlike
+    ``distrax``'s check, which compares traced programs and does not see the values
+    of bounds, bijectors are compared by type and parameters.
+
+    Args:
+        p: A :class:`SquashedNormal`.
+        q: A :class:`SquashedNormal` with the same bijector and action size;
+            batch shapes broadcast.
+
+    Returns:
+        ``KL(p || q)`` in nats, shape the broadcast batch shape.
+
+    Raises:
+        TypeError: ``p`` or ``q`` is not a ``SquashedNormal``.
+        ValueError: the bijectors differ, or cannot be shown to be the same, or
+            the action sizes or batch shapes do not match.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from samplers.diagnostics import kl_divergence
+        >>> p = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), samplers.Tanh())
+        >>> q = samplers.SquashedNormal(jnp.ones(2), jnp.ones(2), samplers.Tanh())
+        >>> kl_divergence(p, q)
+        Array(1., dtype=float32)
+    """
+    for name, dist in (("p", p), ("q", q)):
+        if not isinstance(dist, SquashedNormal):
+            raise TypeError(f"{name} must be a samplers.SquashedNormal, got {type(dist).__name__}.")
+    _check_same_bijector(p.bijector.bijector, q.bijector.bijector)
+    try:
+        shape = jnp.broadcast_shapes(p.loc.shape, q.loc.shape)
+    except ValueError:
+        shape = None
+    if shape is None or p.loc.shape[-1] != q.loc.shape[-1]:
+        raise ValueError(
+            f"p and q must have the same action size and broadcastable batch shapes, got "
+            f"loc shapes {p.loc.shape} and {q.loc.shape}."
+        )
+    loc_p, scale_p, loc_q, scale_q = (
+        jnp.broadcast_to(a, shape) for a in (p.loc, p.scale, q.loc, q.scale)
+    )
+    log_ratio = jnp.log(scale_p) - jnp.log(scale_q)
+    per_dimension = 0.5 * (
+        jnp.expm1(2.0 * log_ratio) - 2.0 * log_ratio + jnp.square((loc_p - loc_q) / scale_q)
+    )
+    return jnp.sum(per_dimension, axis=-1)
+
+
+def _check_same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> None:
+    """Raises unless ``f`` and ``g`` are known to be the same map."""
+    if f is g:
+        return
+    if isinstance(f, distrax.Tanh) and isinstance(g, distrax.Tanh):
+        return  # samplers.Tanh and distrax.Tanh are the same map
+    if isinstance(f, BoundedTanh) and isinstance(g, BoundedTanh):
+        # Traced bounds cannot be compared; they are taken to be the same.
+        if _same_values(f.low, g.low) is not False and _same_values(f.high, g.high) is not False:
+            return
+        raise ValueError(
+            f"p and q must share their bijector, got BoundedTanh(low={f.low}, "
+            f"high={f.high}) and BoundedTanh(low={g.low}, high={g.high}); with different "
+            f"bounds the supports differ and the KL is not that of the base Normals."
+        )
+    if type(f) is type(g) and f.same_as(g):
+        return
+    raise ValueError(
+        f"p and q must share their bijector, got {_bijector_name(f)} and "
+        f"{_bijector_name(g)} that cannot be shown to be the same map; build both "
+        f"with the same bijector instance."
+    )
+
+
+def _same_values(a, b) -> bool | None:
+    """Whether two bound arrays are equal; ``None`` when traced (not knowable)."""
+    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+        return None if np.shape(a) == np.shape(b) else False
+    try:
+        a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    except ValueError:
+        return False
+    return bool(np.array_equal(a, b))

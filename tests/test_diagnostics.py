@@ -1,0 +1,269 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import samplers
+from samplers.diagnostics import (
+    bound_distance,
+    kl_divergence,
+    ppo_log_ratio_stats,
+    saturation_fraction,
+)
+
+LOW = jnp.array([-2.0, 0.0, -0.1])
+HIGH = jnp.array([2.0, 1.0, 0.3])
+
+
+# saturation_fraction
+
+
+def test_saturation_counts_pre_images_whose_tanh_is_one():
+    # |x| >= 9.1 saturates with any float32 tanh (correctly rounded from 13 log 2 ~ 9.01).
+    pre_image = jnp.array([0.5, 3.0, -5.0, 9.1, -9.1, 20.0, -50.0, 100.0])
+    assert float(saturation_fraction(pre_image)) == 5 / 8
+
+
+def test_saturation_agrees_with_float64_away_from_the_backend_band():
+    # Backends differ on where float32 tanh reaches 1 (XLA's CPU tanh at ~7.9988, a
+    # correctly rounded one at ~9.011); outside that band every one agrees with this.
+    x = np.concatenate([np.linspace(-7.9, 7.9, 101), np.linspace(9.02, 30.0, 50)])
+    rounds_to_one = np.abs(np.tanh(x).astype(np.float32)) == 1
+    ours = saturation_fraction(jnp.asarray(x, jnp.float32))
+    assert float(ours) == pytest.approx(rounds_to_one.mean()) and 0 < float(ours) < 1
+
+
+def test_saturation_threshold_and_axis():
+    pre_image = jnp.array([[0.0, 6.0], [-6.5, 1.0], [7.0, -10.0], [2.0, 30.0]])
+    assert float(saturation_fraction(pre_image, threshold=6.0)) == 5 / 8  # |x| >= 6 counts
+    per_dimension = saturation_fraction(pre_image, threshold=6.0, axis=0)
+    np.testing.assert_array_equal(per_dimension, [0.5, 0.75])
+
+
+def test_saturation_refuses_bad_arguments():
+    with pytest.raises(TypeError, match=r"pre_image must have a floating dtype, got int32"):
+        saturation_fraction(jnp.zeros(3, jnp.int32))
+    with pytest.raises(ValueError, match=r"threshold must be > 0.0, got -1.0"):
+        saturation_fraction(jnp.zeros(3), threshold=-1.0)
+
+
+# bound_distance
+
+
+def test_bound_distance_is_the_smallest_over_dimensions():
+    action = jnp.array([[0.0, 0.5, 0.1], [1.9, 0.2, 0.25], [-2.0, 0.5, 0.1]])
+    expected = np.array([0.2, 0.05, 0.0])  # dims: (2, 0.5, 0.2); (0.1, 0.2, 0.05); (0, ...)
+    np.testing.assert_allclose(
+        bound_distance(samplers.BoundedTanh(LOW, HIGH), action), expected, atol=1e-6
+    )
+    # Normalised by the half ranges (2, 0.5, 0.2): (1, 1, 1); (0.05, 0.4, 0.25); (0, ...).
+    normalized = bound_distance(samplers.BoundedTanh(LOW, HIGH), action, normalized=True)
+    np.testing.assert_allclose(normalized, [1.0, 0.05, 0.0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "bijector, action, expected",
+    [
+        (samplers.Tanh(), [0.5, -0.99], 0.01),
+        (distrax.Tanh(), [1.0, 0.0], 0.0),
+        (distrax.Sigmoid(), [0.3, 0.9], 0.1),
+        (distrax.Block(distrax.Tanh(), 1), [0.25, 0.5], 0.5),
+    ],
+    ids=["Tanh", "distrax.Tanh", "Sigmoid", "Block"],
+)
+def test_bound_distance_reads_the_bounds_of_each_squashing(bijector, action, expected):
+    assert float(bound_distance(bijector, jnp.array(action))) == pytest.approx(expected, abs=1e-6)
+
+
+def test_bound_distance_takes_a_distribution(batch_shape):
+    dist = samplers.squashed_normal(jnp.zeros((*batch_shape, 6)), samplers.BoundedTanh(LOW, HIGH))
+    action = jnp.broadcast_to(jnp.array([1.0, 0.9, 0.0]), (*batch_shape, 3))
+    distance = bound_distance(dist, action)
+    assert distance.shape == batch_shape
+    np.testing.assert_allclose(distance, np.full(batch_shape, 0.1), atol=1e-6)
+
+
+def test_bound_distance_refuses_unbounded_squashings_and_scalars():
+    with pytest.raises(TypeError, match=r"needs a bounded squashing .* got Lambda"):
+        bound_distance(distrax.Lambda(lambda x: x), jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"got a scalar; add the action axis"):
+        bound_distance(samplers.Tanh(), jnp.float32(0.5))
+
+
+# ppo_log_ratio_stats
+
+
+def test_ppo_stats_match_hand_computed_values(maybe_jit):
+    ratio = np.array([1.0, 1.5, 0.5, 1.1])
+    old_log_prob = np.array([-1.0, -2.0, 0.5, 3.0])
+    stats = maybe_jit(ppo_log_ratio_stats)(
+        jnp.asarray(old_log_prob + np.log(ratio), jnp.float32),
+        jnp.asarray(old_log_prob, jnp.float32),
+    )
+    # (r - 1) - log r per element: 0, 0.5 - log 1.5, -0.5 + log 2, 0.1 - log 1.1.
+    k3 = (0 + (0.5 - np.log(1.5)) + (-0.5 + np.log(2.0)) + (0.1 - np.log(1.1))) / 4
+    k1 = -(0 + np.log(1.5) + np.log(0.5) + np.log(1.1)) / 4
+    assert float(stats["approx_kl"]) == pytest.approx(k3, rel=1e-5)
+    assert float(stats["approx_kl_k1"]) == pytest.approx(k1, rel=1e-5)
+    assert float(stats["clip_fraction"]) == 0.5  # |r - 1| = 0, 0.5, 0.5, 0.1 against 0.2
+    assert float(stats["ratio_deviation_mean"]) == pytest.approx(0.275, rel=1e-5)
+    assert float(stats["ratio_deviation_max"]) == pytest.approx(0.5, rel=1e-5)
+    tight = ppo_log_ratio_stats(
+        jnp.asarray(np.log(ratio), jnp.float32), jnp.zeros(4), clip_epsilon=0.05
+    )
+    assert float(tight["clip_fraction"]) == 0.75
+
+
+def test_ppo_k3_keeps_its_digits_for_ratios_close_to_one():
+    log_ratio = np.array([1e-4, -2e-4, 3e-5, 5e-4])
+    exact = np.mean(np.expm1(log_ratio) - log_ratio)  # float64
+    stats = ppo_log_ratio_stats(jnp.asarray(log_ratio, jnp.float32), jnp.zeros(4))
+    assert float(stats["approx_kl"]) == pytest.approx(exact, rel=1e-3)
+    lr32 = jnp.asarray(log_ratio, jnp.float32)
+    naive = float(jnp.mean((jnp.exp(lr32) - 1) - lr32))
+    assert abs(naive - exact) > 0.05 * exact  # why expm1
+
+
+def test_ppo_kl_estimates_converge_to_the_exact_kl():
+    def policy(loc, scale):
+        shape = (200_000, 2)
+        loc, scale = (
+            jnp.broadcast_to(jnp.array(loc), shape),
+            jnp.broadcast_to(jnp.array(scale), shape),
+        )
+        return samplers.SquashedNormal(loc, scale, samplers.Tanh())
+
+    old, new = policy([0.2, -1.0], [0.5, 1.2]), policy([0.3, -0.8], [0.45, 1.3])
+
+    @jax.jit
+    def stats(old, new, key):
+        pre_image = old.sample_pre_image(seed=key)
+        return ppo_log_ratio_stats(
+            new.log_prob_from_pre_image(pre_image), old.log_prob_from_pre_image(pre_image)
+        )
+
+    result = stats(old, new, jax.random.key(0))
+    exact = float(kl_divergence(old, new)[0])
+    assert float(result["approx_kl"]) == pytest.approx(exact, rel=0.03)
+    assert float(result["approx_kl_k1"]) == pytest.approx(exact, rel=0.05)
+
+
+def test_ppo_stats_refuse_bad_arguments():
+    with pytest.raises(ValueError, match=r"same shape, got \(3,\) and \(4,\)"):
+        ppo_log_ratio_stats(jnp.zeros(3), jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"clip_epsilon must be > 0.0, got 0.0"):
+        ppo_log_ratio_stats(jnp.zeros(3), jnp.zeros(3), clip_epsilon=0.0)
+    with pytest.raises(TypeError, match=r"old_log_prob must have a floating dtype"):
+        ppo_log_ratio_stats(jnp.zeros(3), jnp.zeros(3, jnp.int32))
+
+
+# kl_divergence
+
+
+def _pair(batch_shape, bijector, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    shape = (*batch_shape, 3)
+    p = samplers.SquashedNormal(
+        jax.random.normal(keys[0], shape),
+        jnp.exp(0.5 * jax.random.normal(keys[1], shape)),
+        bijector,
+    )
+    q = samplers.SquashedNormal(
+        jax.random.normal(keys[2], shape),
+        jnp.exp(0.5 * jax.random.normal(keys[3], shape)),
+        bijector,
+    )
+    return p, q
+
+
+def test_kl_matches_distrax_normal_kl(batch_shape, maybe_jit):
+    p, q = _pair(batch_shape, samplers.BoundedTanh(LOW, HIGH))
+    ours = maybe_jit(kl_divergence)(p, q)
+    base = distrax.MultivariateNormalDiag(p.loc, p.scale).kl_divergence(
+        distrax.MultivariateNormalDiag(q.loc, q.scale)
+    )
+    assert ours.shape == batch_shape
+    np.testing.assert_allclose(ours, base, rtol=1e-5, atol=1e-6)
+
+
+def test_kl_matches_a_float64_monte_carlo_estimate_in_action_space():
+    # Both densities are evaluated at the action through the float64 inverse, so this
+    # estimates the KL of the squashed distributions, not that of their bases.
+    low, high = np.array([-2.0, 0.0]), np.array([0.5, 1.0])
+    loc_p, scale_p, loc_q, scale_q = np.array([[0.3, -1.0], [0.6, 1.5], [-0.2, -0.5], [0.9, 1.1]])
+    rng = np.random.default_rng(0)
+    x = loc_p + scale_p * rng.standard_normal((1_000_000, 2))
+    center, half_range = (high + low) / 2, (high - low) / 2
+    y = center + half_range * np.tanh(x)
+
+    def log_density(loc, scale):
+        u = (y - center) / half_range
+        pre_image = np.arctanh(u)
+        log_normal = -0.5 * ((pre_image - loc) / scale) ** 2 - np.log(scale)
+        return np.sum(log_normal - np.log(half_range) - np.log1p(-(u**2)), axis=-1)
+
+    samples = log_density(loc_p, scale_p) - log_density(loc_q, scale_q)
+    estimate, standard_error = samples.mean(), samples.std() / np.sqrt(samples.size)
+    bijector = samplers.BoundedTanh(jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32))
+    p = samplers.SquashedNormal(
+        jnp.asarray(loc_p, jnp.float32), jnp.asarray(scale_p, jnp.float32), bijector
+    )
+    q = samplers.SquashedNormal(
+        jnp.asarray(loc_q, jnp.float32), jnp.asarray(scale_q, jnp.float32), bijector
+    )
+    assert abs(float(kl_divergence(p, q)) - estimate) < 5 * standard_error
+
+
+def test_kl_is_zero_for_equal_and_accurate_for_close_stds():
+    p, _ = _pair((4,), samplers.Tanh())
+    np.testing.assert_array_equal(kl_divergence(p, p), np.zeros(4))
+    scale_q = p.scale * (1 + 1e-3)
+    q = samplers.SquashedNormal(p.loc, scale_q, distrax.Tanh())
+    t = np.log(np.asarray(p.scale, np.float64)) - np.log(np.asarray(scale_q, np.float64))
+    exact = np.sum(0.5 * (np.expm1(2 * t) - 2 * t), axis=-1)
+    np.testing.assert_allclose(kl_divergence(p, q), exact, rtol=1e-3)
+
+
+def test_kl_broadcasts_batch_shapes():
+    p, _ = _pair((), samplers.Tanh())
+    _, q = _pair((5,), samplers.Tanh())
+    ours = kl_divergence(p, q)
+    expected = [
+        float(kl_divergence(p, samplers.SquashedNormal(q.loc[i], q.scale[i], samplers.Tanh())))
+        for i in range(5)
+    ]
+    assert ours.shape == (5,)
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+
+
+def test_kl_refuses_different_bijectors_where_distrax_does_not():
+    p, _ = _pair((), samplers.BoundedTanh(-1.0, 1.0))
+    _, q = _pair((), samplers.BoundedTanh(-5.0, 3.0))
+    # distrax compares traced programs, which do not show the bounds' values.
+    assert np.isfinite(p.kl_divergence(q))
+    with pytest.raises(ValueError, match=r"share their bijector, got BoundedTanh\(low=-1.0"):
+        kl_divergence(p, q)
+    _, sigmoid = _pair((), distrax.Sigmoid())
+    with pytest.raises(ValueError, match=r"got Tanh and Sigmoid"):
+        kl_divergence(_pair((), samplers.Tanh())[0], sigmoid)
+
+
+def test_kl_accepts_the_same_map_written_differently():
+    p, _ = _pair((2,), samplers.Tanh())
+    _, q = _pair((2,), distrax.Tanh())
+    assert kl_divergence(p, q).shape == (2,)
+    scalar_bounds, _ = _pair((2,), samplers.BoundedTanh(-2.0, 2.0))
+    _, vector_bounds = _pair((2,), samplers.BoundedTanh(jnp.full(3, -2.0), jnp.full(3, 2.0)))
+    assert kl_divergence(scalar_bounds, vector_bounds).shape == (2,)
+
+
+def test_kl_refuses_other_distributions_and_shapes():
+    p, _ = _pair((2,), samplers.Tanh())
+    with pytest.raises(TypeError, match=r"q must be a samplers.SquashedNormal, got Normal"):
+        kl_divergence(p, distrax.Normal(0.0, 1.0))
+    other = samplers.SquashedNormal(jnp.zeros((2, 4)), jnp.ones((2, 4)), samplers.Tanh())
+    with pytest.raises(
+        ValueError, match=r"same action size .* got loc shapes \(2, 3\) and \(2, 4\)"
+    ):
+        kl_divergence(p, other)

@@ -1,0 +1,215 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.scipy import stats
+
+import samplers
+from samplers.inverse import log_prob_from_action
+
+EPS32 = 2.0**-23
+# Distances to the bound as a fraction of the half range, 1e-1 down to 1e-7.
+DISTANCES = 10.0 ** -np.arange(1, 8)
+LOCS_AND_SCALES = [(0.0, 1.0), (2.0, 0.5), (-1.0, 3.0), (5.0, 0.1), (-4.0, 0.05), (9.0, 1e-3)]
+BOUNDS = {
+    "Tanh": (-1.0, 1.0),
+    "BoundedTanh[-2,2]": (-2.0, 2.0),
+    "BoundedTanh[0,1]": (0.0, 1.0),
+    "BoundedTanh[-0.1,0.3]": (-0.1, 0.3),
+    "BoundedTanh[-3,0.7]": (-3.0, 0.7),
+    "BoundedTanh[-100,100]": (-100.0, 100.0),
+}
+
+
+def _bijector(low, high):
+    return samplers.Tanh() if (low, high) == (-1.0, 1.0) else samplers.BoundedTanh(low, high)
+
+
+def _reference_float64(action, loc, scale, low, high):
+    """Change of variables in float64 at the given (float32) action, through ``arctanh``."""
+    action, loc, scale = (np.asarray(a, np.float64) for a in (action, loc, scale))
+    low, high = np.float64(np.float32(low)), np.float64(np.float32(high))
+    center, half_range = (high + low) / 2, (high - low) / 2
+    x = np.arctanh((action - center) / half_range)
+    log_normal = -0.5 * ((x - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
+    log_det = np.log(half_range) + 2 * np.log(2.0) - 2 * np.logaddexp(x, -x)
+    return log_normal - log_det, x
+
+
+def _documented_bound(x, loc, scale, log_prob):
+    return 4 * EPS32 * (1 + np.abs(x) * np.abs(x - loc) / scale**2 + np.abs(log_prob))
+
+
+def _grid(low, high):
+    """Float32 actions at each distance from both bounds, for every (loc, scale)."""
+    low32, high32 = np.float32(low), np.float32(high)
+    center, half_range = (np.float64(high32) + low32) / 2, (np.float64(high32) - low32) / 2
+    sides = np.array([1.0, -1.0])
+    action = (center + sides[:, None] * half_range * (1 - DISTANCES)).astype(np.float32).ravel()
+    assert np.all((action > low32) & (action < high32)), "a grid action rounded onto a bound"
+    loc, scale = np.array(LOCS_AND_SCALES, np.float32).T
+    action, loc = np.meshgrid(action, loc, indexing="ij")
+    scale = np.broadcast_to(scale, loc.shape)
+    return action.reshape(-1, 1), loc.reshape(-1, 1), scale.reshape(-1, 1)
+
+
+@pytest.mark.parametrize("low, high", BOUNDS.values(), ids=BOUNDS.keys())
+def test_error_against_float64_is_within_the_documented_bound_at_every_distance(
+    low, high, maybe_jit
+):
+    action, loc, scale = _grid(low, high)
+    dist = samplers.SquashedNormal(jnp.asarray(loc), jnp.asarray(scale), _bijector(low, high))
+    ours = maybe_jit(log_prob_from_action)(dist, jnp.asarray(action))
+    expected, x = _reference_float64(action[:, 0], loc[:, 0], scale[:, 0], low, high)
+    error = np.abs(np.asarray(ours, np.float64) - expected)
+    bound = _documented_bound(x, loc[:, 0], scale[:, 0], expected)
+    assert np.all(error <= bound), np.max(error / bound)
+
+
+def _acme_style(action, loc, scale, threshold=0.999):
+    """The tail-mass clipping Acme's tanh distribution applies past ``|y| = threshold``."""
+    pre_threshold = np.arctanh(threshold)
+    log_width = np.log(1 - threshold)
+    right = stats.norm.logsf(pre_threshold, loc, scale) - log_width
+    left = stats.norm.logcdf(-pre_threshold, loc, scale) - log_width
+    clipped = jnp.clip(action, -threshold, threshold)
+    inside = distrax.Transformed(distrax.Normal(loc, scale), distrax.Tanh()).log_prob(clipped)
+    return jnp.where(clipped >= threshold, right, jnp.where(clipped <= -threshold, left, inside))
+
+
+def _sb3_style(action, loc, scale):
+    """Stable-Baselines3's clamp at ``1 - eps`` and ``log(1 - y**2 + 1e-6)`` Jacobian."""
+    clamped = jnp.clip(action, -1 + EPS32, 1 - EPS32)
+    x = 0.5 * (jnp.log1p(clamped) - jnp.log1p(-clamped))
+    return stats.norm.logpdf(x, loc, scale) - jnp.log(1 - action**2 + 1e-6)
+
+
+@pytest.mark.parametrize("distance, acme_error, sb3_error", [(1e-4, 1.0, 4e-3), (1e-7, 10.0, 1.0)])
+def test_clipping_used_elsewhere_errs_near_the_bound_where_this_does_not(
+    distance, acme_error, sb3_error
+):
+    action = jnp.float32(1 - distance)
+    loc, scale = jnp.float32(0.0), jnp.float32(1.0)
+    expected, x = _reference_float64(action, loc, scale, -1.0, 1.0)
+    dist = samplers.SquashedNormal(jnp.array([loc]), jnp.array([scale]), samplers.Tanh())
+    ours = log_prob_from_action(dist, jnp.array([action]))
+    assert abs(float(ours) - expected) <= _documented_bound(x, 0.0, 1.0, expected)
+    assert abs(float(_acme_style(action, loc, scale)) - expected) > acme_error
+    assert abs(float(_sb3_style(action, loc, scale)) - expected) > sb3_error
+
+
+def test_acme_style_clipping_jumps_at_its_threshold_and_this_is_continuous():
+    below, above = np.nextafter(np.float32(0.999), np.float32(0)), np.float32(0.999)
+    loc, scale = jnp.float32(0.0), jnp.float32(1.0)
+    acme_jump = float(_acme_style(above, loc, scale) - _acme_style(below, loc, scale))
+    dist = samplers.SquashedNormal(jnp.array([loc]), jnp.array([scale]), samplers.Tanh())
+    ours = log_prob_from_action(dist, jnp.array([[below], [above]]))
+    assert abs(acme_jump) > 0.5
+    assert abs(float(ours[1] - ours[0])) < 1e-3
+
+
+def test_matches_the_pre_image_path_on_round_trips(batch_shape, maybe_jit):
+    keys = jax.random.split(jax.random.key(0), 3)
+    loc = 2.0 * jax.random.normal(keys[0], (*batch_shape, 3))
+    scale = jnp.exp(0.5 * jax.random.normal(keys[1], (*batch_shape, 3)))
+    bijector = samplers.BoundedTanh(jnp.array([-2.0, 0.0, -0.1]), jnp.array([2.0, 1.0, 0.3]))
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    pre_image = 2.0 * jax.random.normal(keys[2], (*batch_shape, 3))
+    ours = maybe_jit(log_prob_from_action)(dist, bijector.forward(pre_image))
+    # The reference runs jitted either way: its eager path retraces for every shape.
+    expected = jax.jit(lambda d, x: d.log_prob_from_pre_image(x))(dist, pre_image)
+    assert ours.shape == batch_shape
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_matches_distrax_inside_the_range():
+    action = jnp.linspace(-0.99, 0.99, 41)[:, None]
+    loc, scale = jnp.full_like(action, 0.3), jnp.full_like(action, 0.7)
+    plain = distrax.Independent(distrax.Transformed(distrax.Normal(loc, scale), distrax.Tanh()), 1)
+    dist = samplers.SquashedNormal(loc, scale, distrax.Tanh())
+    np.testing.assert_allclose(
+        log_prob_from_action(dist, action), plain.log_prob(action), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("low, high", BOUNDS.values(), ids=BOUNDS.keys())
+def test_an_action_on_a_bound_is_scored_half_a_float_step_inside(low, high):
+    # The cell that rounds onto a bound is the coarser of tanh's step (2**-24 of the
+    # half range) and the action's own float32 step at the bound; its middle is scored.
+    low32, high32 = np.float32(low), np.float32(high)
+    half_range = (np.float64(high32) - low32) / 2
+    tanh_step = half_range * 2.0**-24
+    low_step = max(tanh_step, np.float64(np.nextafter(low32, high32)) - low32)
+    high_step = max(tanh_step, high32 - np.float64(np.nextafter(high32, low32)))
+    inside = np.array([low32 + low_step / 2, high32 - high_step / 2])
+    expected, _ = _reference_float64(inside, 0.5, 2.0, low, high)
+    dist = samplers.SquashedNormal(
+        jnp.full((2, 1), 0.5), jnp.full((2, 1), 2.0), _bijector(low, high)
+    )
+    ours = log_prob_from_action(dist, jnp.array([[low32], [high32]]))
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("low, high", [(-1.0, 1.0), (-0.1, 0.3)])
+def test_gradients_are_finite_everywhere_including_on_the_bounds(low, high):
+    half_range = (high - low) / 2
+    u = np.array([-1.0, -1 + 2.0**-24, -0.5, 0.0, 0.7, 1 - 1e-6, 1 - 2.0**-24, 1.0])
+    action = jnp.asarray(((high + low) / 2 + half_range * u).clip(low, high), jnp.float32)[:, None]
+
+    def total(loc, scale, action):
+        dist = samplers.SquashedNormal(loc, scale, _bijector(low, high))
+        return jnp.sum(log_prob_from_action(dist, action))
+
+    loc, scale = jnp.full_like(action, 0.3), jnp.full_like(action, 0.2)
+    grads = jax.grad(total, argnums=(0, 1, 2))(loc, scale, action)
+    for grad in grads:
+        assert np.all(np.isfinite(grad))
+    assert np.all(np.isfinite(total(loc, scale, action)))
+
+
+def test_min_distance_clamps_like_a_threshold():
+    dist = samplers.SquashedNormal(jnp.zeros((2, 1)), jnp.ones((2, 1)), samplers.Tanh())
+    clamped = log_prob_from_action(dist, jnp.array([[0.9999], [0.999]]), min_distance=1e-3)
+    np.testing.assert_allclose(clamped[0], clamped[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "bijector, message",
+    [
+        (
+            distrax.Sigmoid(),
+            r"supports samplers.Tanh, distrax.Tanh and samplers.BoundedTanh, got Sigmoid",
+        ),
+        (distrax.Lambda(lambda x: x), r"got Lambda; .*log_prob_from_pre_image"),
+    ],
+)
+def test_refuses_bijectors_outside_the_tanh_family(bijector, message):
+    dist = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), bijector)
+    with pytest.raises(TypeError, match=message):
+        log_prob_from_action(dist, jnp.zeros(2))
+
+
+def test_refuses_bad_arguments():
+    dist = samplers.normal_tanh(jnp.zeros((4, 6)))
+    with pytest.raises(TypeError, match=r"dist must be a samplers.SquashedNormal, got Normal"):
+        log_prob_from_action(distrax.Normal(0.0, 1.0), jnp.zeros(3))
+    with pytest.raises(
+        ValueError, match=r"ending in the distribution's shape \(4, 3\), got \(3,\)"
+    ):
+        log_prob_from_action(dist, jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"shape \(4, 3\), got \(4, 2\)"):
+        log_prob_from_action(dist, jnp.zeros((4, 2)))
+    with pytest.raises(TypeError, match=r"action must have a floating dtype, got int32"):
+        log_prob_from_action(dist, jnp.zeros((4, 3), jnp.int32))
+    with pytest.raises(ValueError, match=r"min_distance must be in \(0, 1\).*got 1.0"):
+        log_prob_from_action(dist, jnp.zeros((4, 3)), min_distance=1.0)
+
+
+def test_leading_sample_axes_score_each_action_under_the_same_distribution():
+    dist = samplers.SquashedNormal(jnp.array([0.2, -0.4]), jnp.array([0.5, 1.5]), samplers.Tanh())
+    actions = jnp.array([[0.1, 0.9], [-0.99, 1.0], [0.0, -1.0]])
+    ours = log_prob_from_action(dist, actions)
+    assert ours.shape == (3,)
+    for row, value in zip(actions, ours, strict=True):
+        assert float(value) == pytest.approx(float(log_prob_from_action(dist, row)), rel=1e-6)
