@@ -19,7 +19,13 @@ from samplers.diagnostics import (
 from samplers.distributions import SquashedNormal, normal_tanh, squashed_normal
 from samplers.inverse import log_prob_from_action
 from samplers.mode import mode, mode_pre_image
-from samplers.sampler import ActionSampler, NormalTanhSampler, SquashedNormalSampler, functional
+from samplers.sampler import (
+    ActionSampler,
+    NormalTanhSampler,
+    SquashedNormalSampler,
+    StateIndependentSampler,
+    functional,
+)
 from samplers.testing import CrossCheckReport, cross_check
 from samplers.types import StatefulModule, StatefulModuleOutput
 
@@ -30,6 +36,7 @@ __all__ = [
     "NormalTanhSampler",
     "SquashedNormal",
     "SquashedNormalSampler",
+    "StateIndependentSampler",
     "StatefulModule",
     "StatefulModuleOutput",
     "Tanh",

@@ -15,10 +15,12 @@ for the entropy estimate.
 """
 
 import abc
+import math
 from collections.abc import Callable
 
 import distrax
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
@@ -229,6 +231,72 @@ class NormalTanhSampler(SquashedNormalSampler):
             entropy=entropy,
             entropy_points=entropy_points,
         )
+
+
+class StateIndependentSampler(SquashedNormalSampler):
+    """A squashed Normal whose std is a learned parameter, not a network output.
+
+    The input is the mean alone, shape ``[*batch, action_dim]``; the std is
+    ``exp(log_std)``, one ``nnx.Param`` per action dimension shared by every
+    state, as many PPO implementations use. Sampling, replay, the stream, the
+    entropy estimators and the bijector work as in :class:`SquashedNormalSampler`.
+
+    Args:
+        rng: The stream to draw from; the sampler keeps and advances it.
+        action_dim: Number of action dimensions.
+        entropy_weight: Weight of the entropy bonus, finite.
+        bijector: Elementwise squashing (default ``samplers.Tanh()``).
+        initial_std: The std before training, ``> 0``.
+        entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
+            :class:`SquashedNormalSampler`.
+        entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+
+    Raises:
+        TypeError: an option is not a number of the right kind.
+        ValueError: ``action_dim < 1``, ``initial_std <= 0``, or (when called)
+            the input's last axis is not ``action_dim``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from flax import nnx
+        >>> head = samplers.StateIndependentSampler(nnx.Rngs(0), 2, 0.01, initial_std=0.5)
+        >>> out = head((), jnp.zeros((4, 2)))
+        >>> out.metrics["sigma"][0]
+        Array([0.5, 0.5], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        rng: nnx.Rngs,
+        action_dim: int,
+        entropy_weight: float,
+        *,
+        bijector: distrax.Bijector | Callable | None = None,
+        initial_std: float = 1.0,
+        entropy: str = "sample",
+        entropy_points: int | None = None,
+    ):
+        super().__init__(
+            rng,
+            entropy_weight,
+            bijector=Tanh() if bijector is None else bijector,
+            entropy=entropy,
+            entropy_points=entropy_points,
+        )
+        self.action_dim = _checks.positive_int("action_dim", action_dim)
+        initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
+        self.log_std = nnx.Param(jnp.full((self.action_dim,), math.log(initial_std)))
+
+    def distribution(self, mean: Float[Array, "*batch action"]) -> SquashedNormal:
+        """The distribution for the given means, with the learned std."""
+        mean = _checks.float_array("mean", mean)
+        if mean.ndim < 1 or mean.shape[-1] != self.action_dim:
+            raise ValueError(
+                f"the input must be the mean, shape [*batch, {self.action_dim}], got "
+                f"{mean.shape}; this sampler learns its std itself."
+            )
+        scale = jnp.broadcast_to(jnp.exp(self.log_std[...]).astype(mean.dtype), mean.shape)
+        return SquashedNormal(mean, scale, self.bijector)
 
 
 class _Constant:

@@ -19,6 +19,7 @@ def test_public_names_are_pinned():
         "NormalTanhSampler",
         "SquashedNormal",
         "SquashedNormalSampler",
+        "StateIndependentSampler",
         "StatefulModule",
         "StatefulModuleOutput",
         "Tanh",

@@ -349,3 +349,24 @@ def test_bounds_of_the_wrong_length_are_refused():
     bijector = samplers.BoundedTanh(jnp.zeros(2), jnp.ones(2))
     with pytest.raises(ValueError, match=r"maps actions of shape \(5, 3\) to .*\(3,\)"):
         samplers.squashed_normal(jnp.zeros((5, 6)), bijector)
+
+
+def test_a_distrax_chain_replays_from_the_pre_image():
+    # tanh, then y -> 0.5 + 2 y: distrax's own log_prob where it is finite, float64 where not.
+    chain = distrax.Chain([distrax.ScalarAffine(shift=0.5, scale=2.0), distrax.Tanh()])
+    mean_and_std = jnp.concatenate([jnp.array([0.3, 12.0, -30.0]), jnp.zeros(3)])
+    dist = samplers.squashed_normal(mean_and_std, chain)
+    action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(10))
+    reference_log_prob = distrax.Transformed(dist.distribution, distrax.Block(chain, 1))
+    unsaturated = jnp.array([0.4, -0.2, 1.1])
+    np.testing.assert_allclose(
+        dist.log_prob_from_pre_image(unsaturated),
+        reference_log_prob.log_prob(chain.forward(unsaturated)),
+        rtol=1e-5,
+    )
+    assert jnp.isnan(reference_log_prob.log_prob(action))  # saturated dimensions
+    mean, std = reference.params_float64(mean_and_std)
+    expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std) - 3 * np.log(2.0)
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
+    grad = jax.grad(lambda p: samplers.squashed_normal(p, chain).log_prob_from_pre_image(pre_image))
+    assert jnp.all(jnp.isfinite(grad(mean_and_std)))

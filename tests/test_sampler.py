@@ -357,3 +357,49 @@ def test_bounds_are_configuration_not_state():
     nnx.update(head, state)  # writes the stream back; nothing else to write
     assert _count(head.rng) == 0
     assert isinstance(nnx.clone(head).bijector, samplers.BoundedTanh)
+
+
+def test_state_independent_std_is_a_learned_parameter():
+    head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, initial_std=0.7)
+    mean = _inputs((5,))[..., :A]
+    rollout = head((), mean)
+    np.testing.assert_allclose(rollout.metrics["sigma"], jnp.full((5, A), 0.7), rtol=1e-6)
+    expected = reference.tanh_normal_log_prob_float64(rollout.rollout_extras, mean, 0.7)
+    np.testing.assert_allclose(rollout.output["log_likelihood"], expected, rtol=1e-5)
+    replay = head((), mean, rollout.rollout_extras)
+    np.testing.assert_allclose(
+        replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
+    )
+    assert _count(head.rng) == 4
+
+    def loss(head):
+        out = head((), mean, rollout.rollout_extras)
+        return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
+
+    grads = nnx.grad(loss)(head)
+    assert jnp.all(jnp.isfinite(grads["log_std"][...])) and jnp.all(grads["log_std"][...] != 0)
+    assert set(nnx.state(head, nnx.Param)) == {"log_std"}
+
+
+def test_state_independent_sampler_takes_any_bijector():
+    low, high = jnp.array([-2.0, 0.0, -1.0]), jnp.array([2.0, 1.0, 5.0])
+    head = samplers.StateIndependentSampler(
+        nnx.Rngs(0), A, 0.0, bijector=samplers.BoundedTanh(low, high), initial_std=5.0
+    )
+    action = nnx.jit(lambda head, x: head((), x))(head, _inputs((64,))[..., :A]).output["action"]
+    assert jnp.all(action >= low[None]) and jnp.all(action <= high[None])
+
+
+@pytest.mark.parametrize(
+    "kwargs, call_shape, error, message",
+    [
+        ({"initial_std": 0.0}, None, ValueError, r"initial_std must be > 0.0, got 0.0"),
+        ({"action_dim": 0}, None, ValueError, r"action_dim must be a positive integer, got 0"),
+        ({}, (4, 2 * A), ValueError, r"the input must be the mean, shape \[\*batch, 3\], got"),
+    ],
+)
+def test_state_independent_sampler_refuses_bad_input(kwargs, call_shape, error, message):
+    arguments = {"action_dim": A, "entropy_weight": 0.01, **kwargs}
+    with pytest.raises(error, match=message):
+        head = samplers.StateIndependentSampler(nnx.Rngs(0), **arguments)
+        head((), jnp.zeros(call_shape))
