@@ -140,18 +140,24 @@ def _memory(impls, batch, actions=8):
 
 
 def _small_batch_latency(rounds):
-    """B = 1 rollout: bare closed forms, and the head through ``functional`` and ``nnx.jit``."""
+    """B = 1: the sampler's call against closed forms, through each call path.
+
+    The reference computes everything a sampler call returns (action,
+    log-likelihood, pre-image, entropy cost, mean, std) and advances a key
+    counter, as the sampler does. The second row is the least a rollout needs:
+    action and log-likelihood from a fixed key.
+    """
     mean_and_std = jax.random.normal(jax.random.key(0), (1, 2 * 8))
     key = jax.random.key(1)
     head = samplers.NormalTanhSampler(nnx.Rngs(0), implementations.ENTROPY_WEIGHT)
     apply, state = samplers.functional(head)
     fns = {
-        "bare closed form, fixed key": (
-            jax.jit(implementations.handwritten_rollout),
-            (mean_and_std, key),
+        "closed form, same outputs and stream (jax.jit)": (
+            jax.jit(implementations.handwritten_sampler_call),
+            (mean_and_std, key, jnp.uint32(0)),
         ),
-        "bare closed form, splitting its key": (
-            jax.jit(implementations.all_implementations()[0].rollout),
+        "closed form, rollout only, fixed key (jax.jit)": (
+            jax.jit(implementations.handwritten_rollout),
             (mean_and_std, key),
         ),
         "samplers.functional": (apply, (state, mean_and_std)),

@@ -84,6 +84,16 @@ def handwritten_loss(mean_and_std, raw, old_log_likelihood, advantage, key):
     return _surrogate(_handwritten_log_prob(raw, mean, std), old_log_likelihood, advantage, entropy)
 
 
+def handwritten_sampler_call(mean_and_std, key, count):
+    """Everything one sampler call returns, with a key counter as its stream."""
+    mean, std = _split(mean_and_std)
+    z = mean + std * jax.random.normal(jax.random.fold_in(key, count), mean.shape)
+    eps = jax.random.normal(jax.random.fold_in(key, count + 1), mean.shape)
+    entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std) + _tanh_log_det(mean + std * eps), -1)
+    outputs = (jnp.tanh(z), _handwritten_log_prob(z, mean, std), z, -ENTROPY_WEIGHT * entropy)
+    return (*outputs, mean, std), count + 2
+
+
 # --- samplers: the NNX head through its pure-function path -----------------------
 
 

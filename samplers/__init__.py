@@ -9,7 +9,7 @@ pre-image was not kept (:func:`log_prob_from_action`), the mode, policy
 diagnostics and KL, and :func:`cross_check` for a user's own log-likelihood.
 """
 
-from samplers.bijectors import BoundedTanh, Tanh
+from samplers.bijectors import BoundedTanh, Sigmoid, Tanh
 from samplers.diagnostics import (
     bound_distance,
     kl_divergence,
@@ -34,6 +34,7 @@ __all__ = [
     "BoundedTanh",
     "CrossCheckReport",
     "NormalTanhSampler",
+    "Sigmoid",
     "SquashedNormal",
     "SquashedNormalSampler",
     "StateIndependentSampler",

@@ -1,4 +1,4 @@
-"""Elementwise bijectors: tanh, and tanh onto per-dimension bounds."""
+"""Elementwise bijectors: tanh, tanh onto per-dimension bounds, and sigmoid."""
 
 import distrax
 import jax
@@ -61,6 +61,41 @@ class Tanh(distrax.Tanh):
         return x, -_tanh_log_det(x)
 
 
+@jax.custom_jvp
+def _softplus(x):
+    """``log(1 + exp(x))``, stably; XLA's CPU backend runs it faster than ``jax.nn.softplus``."""
+    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+
+
+@_softplus.defjvp
+def _softplus_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    e = jnp.exp(-jnp.abs(x))
+    sigmoid = jnp.where(x >= 0, 1.0, e) / (1.0 + e)
+    return jnp.maximum(x, 0.0) + jnp.log1p(e), sigmoid * dx
+
+
+class Sigmoid(distrax.Sigmoid):
+    """``distrax.Sigmoid`` with a log-determinant whose gradient is finite for any ``x``.
+
+    ``log sigmoid'(x) = -softplus(x) - softplus(-x)``, each softplus in a form
+    that never evaluates ``exp`` of a large positive number. distrax's version
+    evaluates both branches of a ``jnp.where``, and once ``|x| > 88.7`` the
+    untaken one overflows and makes the gradient NaN.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, samplers
+        >>> jax.grad(lambda x: samplers.Sigmoid().forward_log_det_jacobian(x))(100.0)
+        Array(-1., dtype=float32, weak_type=True)
+    """
+
+    def forward_log_det_jacobian(self, x):
+        return -_softplus(x) - _softplus(-x)
+
+    def forward_and_log_det(self, x):
+        return jax.nn.sigmoid(x), self.forward_log_det_jacobian(x)
+
+
 class BoundedTanh(distrax.Bijector):
     """``y = center + half_range * tanh(x)``: the real line onto ``[low, high]``.
 
@@ -96,9 +131,15 @@ class BoundedTanh(distrax.Bijector):
         # Traced bounds (built inside a jitted function) can only be checked for shape.
         if not any(isinstance(bound, jax.core.Tracer) for bound in (low, high)):
             low_np, high_np = np.asarray(low), np.asarray(high)
+            tiny = np.finfo(jnp.result_type(float)).tiny
             for name, bound in (("low", low_np), ("high", high_np)):
                 if not np.issubdtype(bound.dtype, np.number) or not np.all(np.isfinite(bound)):
                     raise ValueError(f"{name} must be finite real numbers, got {bound}.")
+                if np.any((bound != 0) & (np.abs(bound) < tiny)):
+                    raise ValueError(
+                        f"{name} must be 0 or at least {tiny:.3g} in magnitude, got {bound}: "
+                        f"XLA flushes smaller (subnormal) floats to zero."
+                    )
             if np.any(low_np >= high_np):
                 raise ValueError(
                     f"low must be < high in every dimension, got low={low_np} and high={high_np}."

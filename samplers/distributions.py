@@ -18,7 +18,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.bijectors import Tanh
+from samplers.bijectors import Tanh, _softplus
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -216,6 +216,10 @@ _log_prob_kernel.defvjp(_log_prob_forward, _log_prob_backward)
 
 
 def _entropy_estimate(log_det, loc, scale, eps):
+    # Inside shard_map, a key shared by all shards gives replicated noise, and a
+    # custom_vjp body does not cast it to per-shard as ordinary operations do;
+    # this addition, outside the body, does (XLA removes it).
+    eps = eps + jnp.zeros_like(loc)[None]
     log_det, params = jax.closure_convert(log_det, eps)  # eps has the shape log_det sees
     return _entropy_estimate_kernel(log_det, eps.shape[0], loc, scale, eps, *params)
 
@@ -256,7 +260,8 @@ def squashed_normal(
     """Builds a :class:`SquashedNormal` from a network output ``[mean | raw_std]``.
 
     The last axis (of even length ``2 * action``) splits into ``mean`` and
-    ``raw_std``; ``std = (softplus(raw_std) + min_std) * std_scale``.
+    ``raw_std``; ``std = (softplus(raw_std) + min_std) * std_scale``, floored at the
+    smallest normal float (``1.2e-38`` in float32) so that it never rounds to zero.
 
     Args:
         mean_and_std: Network output, shape ``[*batch, 2 * action]``, floating.
@@ -288,7 +293,8 @@ def squashed_normal(
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
-    std = (_softplus(raw_std) + min_std) * std_scale
+    # Floored at the smallest normal float: below it XLA flushes the std to zero.
+    std = jnp.maximum((_softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
     return SquashedNormal(mean, std, bijector)
 
 
@@ -310,20 +316,6 @@ def normal_tanh(
         (Array([1.001, 1.001], dtype=float32), Array([0., 0.], dtype=float32))
     """
     return squashed_normal(mean_and_std, Tanh(), min_std=min_std, std_scale=std_scale)
-
-
-@jax.custom_jvp
-def _softplus(x):
-    """``log(1 + exp(x))``, stably; XLA's CPU backend runs it faster than ``jax.nn.softplus``."""
-    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
-
-
-@_softplus.defjvp
-def _softplus_jvp(primals, tangents):
-    (x,), (dx,) = primals, tangents
-    e = jnp.exp(-jnp.abs(x))
-    sigmoid = jnp.where(x >= 0, 1.0, e) / (1.0 + e)
-    return jnp.maximum(x, 0.0) + jnp.log1p(e), sigmoid * dx
 
 
 def _check_keeps_shape(bijector: distrax.Bijector, loc) -> None:

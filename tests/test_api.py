@@ -17,6 +17,7 @@ def test_public_names_are_pinned():
         "BoundedTanh",
         "CrossCheckReport",
         "NormalTanhSampler",
+        "Sigmoid",
         "SquashedNormal",
         "SquashedNormalSampler",
         "StateIndependentSampler",
