@@ -272,7 +272,10 @@ def squashed_normal(
 
     Returns:
         A ``SquashedNormal`` (a ``distrax.Transformed``) with batch shape
-        ``[*batch]`` and event shape ``[action]``.
+        ``[*batch]`` and event shape ``[action]``. It computes in the input's
+        dtype, but float16 and bfloat16 inputs are computed (and returned) in
+        float32. Non-finite inputs propagate: the affected outputs are NaN or
+        infinite, never a finite wrong number.
 
     Raises:
         TypeError: ``mean_and_std`` is not floating, or an option is not a number.
@@ -292,6 +295,9 @@ def squashed_normal(
             f"mean_and_std must have a last axis of even length 2 * action_dim "
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
+    if jnp.finfo(mean_and_std.dtype).bits < 32:
+        # float16 and bfloat16 lose the tails of log-densities: compute in float32.
+        mean_and_std = mean_and_std.astype(jnp.float32)
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
     # Floored at the smallest normal float: below it XLA flushes the std to zero.
     std = jnp.maximum((_softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)

@@ -22,6 +22,7 @@ import distrax
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental import checkify
 from jaxtyping import Array, Float
 
 from samplers import _checks
@@ -90,6 +91,11 @@ class SquashedNormalSampler(ActionSampler):
             alone, ignoring the squashing; biased upwards for tanh. Every choice
             draws the same key, so the stream does not depend on it.
         entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+        checked: If True, each call checks that ``mean_and_std`` is finite with
+            ``jax.experimental.checkify`` and reports the first offending batch
+            index. Run the step under ``checkify.checkify`` (eager calls raise at
+            once). Off by default: NaN or inf inputs then propagate to NaN or inf
+            outputs, never to finite wrong numbers.
 
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs`` or an option is not a number.
@@ -114,6 +120,7 @@ class SquashedNormalSampler(ActionSampler):
         std_scale: float = 1.0,
         entropy: str = "sample",
         entropy_points: int | None = None,
+        checked: bool = False,
     ):
         if not isinstance(rng, nnx.Rngs):
             raise TypeError(
@@ -130,6 +137,7 @@ class SquashedNormalSampler(ActionSampler):
             "entropy_points", _ENTROPY_POINTS[entropy] if entropy_points is None else entropy_points
         )
         self._bijector = _Constant(distrax.as_bijector(bijector))
+        self.checked = bool(checked)
         self.deterministic = False
 
     @property
@@ -161,6 +169,8 @@ class SquashedNormalSampler(ActionSampler):
             ValueError: the replayed pre-image's shape is not the action shape.
             TypeError: the replayed pre-image is not floating.
         """
+        if self.checked:
+            _check_finite(mean_and_std)
         dist = self.distribution(mean_and_std)
         if rollout_extras is None:
             pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=self.rng())
@@ -198,6 +208,7 @@ class NormalTanhSampler(SquashedNormalSampler):
         entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
             :class:`SquashedNormalSampler`.
         entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+        checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -221,6 +232,7 @@ class NormalTanhSampler(SquashedNormalSampler):
         *,
         entropy: str = "sample",
         entropy_points: int | None = None,
+        checked: bool = False,
     ):
         super().__init__(
             rng,
@@ -230,6 +242,7 @@ class NormalTanhSampler(SquashedNormalSampler):
             std_scale=std_scale,
             entropy=entropy,
             entropy_points=entropy_points,
+            checked=checked,
         )
 
 
@@ -250,6 +263,7 @@ class StateIndependentSampler(SquashedNormalSampler):
         entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
             :class:`SquashedNormalSampler`.
         entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+        checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
 
     Raises:
         TypeError: an option is not a number of the right kind.
@@ -275,6 +289,7 @@ class StateIndependentSampler(SquashedNormalSampler):
         initial_std: float = 1.0,
         entropy: str = "sample",
         entropy_points: int | None = None,
+        checked: bool = False,
     ):
         super().__init__(
             rng,
@@ -282,6 +297,7 @@ class StateIndependentSampler(SquashedNormalSampler):
             bijector=Tanh() if bijector is None else bijector,
             entropy=entropy,
             entropy_points=entropy_points,
+            checked=checked,
         )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
@@ -297,6 +313,21 @@ class StateIndependentSampler(SquashedNormalSampler):
             )
         scale = jnp.broadcast_to(jnp.exp(self.log_std[...]).astype(mean.dtype), mean.shape)
         return SquashedNormal(mean, scale, self.bijector)
+
+
+def _check_finite(mean_and_std) -> None:
+    """A ``checkify`` check naming the first batch element with a non-finite input."""
+    mean_and_std = jnp.asarray(mean_and_std)
+    finite = jnp.all(jnp.isfinite(mean_and_std), axis=-1)
+    batch_shape = finite.shape
+    index = jnp.argmin(finite.reshape(-1)) if finite.size else jnp.int32(0)
+    checkify.check(
+        jnp.all(finite),
+        f"mean_and_std has a non-finite value at flat batch index {{index}} of batch "
+        f"shape {batch_shape}; check the network that produced it (e.g. for an "
+        f"exploding gradient or a division by zero).",
+        index=index,
+    )
 
 
 class _Constant:

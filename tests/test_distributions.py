@@ -370,3 +370,43 @@ def test_a_distrax_chain_replays_from_the_pre_image():
     np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
     grad = jax.grad(lambda p: samplers.squashed_normal(p, chain).log_prob_from_pre_image(pre_image))
     assert jnp.all(jnp.isfinite(grad(mean_and_std)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
+def test_low_precision_parameters_compute_in_float32(dtype):
+    params = _inputs((5,)).astype(dtype)
+    dist = samplers.normal_tanh(params)
+    action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(11))
+    assert dist.loc.dtype == action.dtype == log_prob.dtype == jnp.float32
+    upcast = samplers.normal_tanh(params.astype(jnp.float32))
+    np.testing.assert_array_equal(log_prob, upcast.log_prob_from_pre_image(pre_image))
+
+
+def test_float64_matches_the_float64_closed_form_to_1e_12():
+    with jax.enable_x64(True):
+        params = 3.0 * jax.random.normal(jax.random.key(12), (6, 2 * A), jnp.float64)
+        pre_image = jnp.array([[10.0, -20.0, 50.0], [-10.0, 20.0, -50.0]] * 3, jnp.float64)
+        dist = samplers.normal_tanh(params)
+        log_prob = dist.log_prob_from_pre_image(pre_image)
+        entropy = dist.entropy_estimate(seed=jax.random.key(13))
+        assert log_prob.dtype == entropy.dtype == jnp.float64
+        mean, std = reference.params_float64(params)
+        expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
+        np.testing.assert_allclose(log_prob, expected, rtol=1e-12)
+
+
+def test_non_finite_parameters_propagate_to_that_row_only():
+    params = _inputs((4,))
+    poisoned = params.at[2, 1].set(jnp.nan).at[3, A].set(jnp.inf)
+    pre_image = jax.random.normal(jax.random.key(14), (4, A))
+    clean = samplers.normal_tanh(params).log_prob_from_pre_image(pre_image)
+    log_prob = samplers.normal_tanh(poisoned).log_prob_from_pre_image(pre_image)
+    np.testing.assert_array_equal(log_prob[:2], clean[:2])
+    assert not jnp.any(jnp.isfinite(log_prob[2:]))
+
+
+def test_an_empty_batch_gives_empty_outputs():
+    dist = samplers.normal_tanh(jnp.zeros((0, 2 * A)))
+    action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
+    assert action.shape == pre_image.shape == (0, A) and log_prob.shape == (0,)
+    assert dist.entropy_estimate(seed=jax.random.key(1)).shape == (0,)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.experimental import checkify
 
 import samplers
 from tests import reference
@@ -403,3 +404,28 @@ def test_state_independent_sampler_refuses_bad_input(kwargs, call_shape, error, 
     with pytest.raises(error, match=message):
         head = samplers.StateIndependentSampler(nnx.Rngs(0), **arguments)
         head((), jnp.zeros(call_shape))
+
+
+def test_checked_mode_names_the_first_non_finite_batch_element():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, checked=True)
+    apply, state = samplers.functional(head)
+    poisoned = _inputs((3, 4)).at[2, 1, 0].set(jnp.nan)  # flat index 2 * 4 + 1 = 9
+    error, _ = checkify.checkify(apply)(state, poisoned)
+    assert "non-finite value at flat batch index 9 of batch shape (3, 4)" in error.get()
+    error, (out, _) = checkify.checkify(apply)(state, _inputs((3, 4)))
+    assert error.get() is None and jnp.all(jnp.isfinite(out.output["log_likelihood"]))
+
+
+def test_unchecked_non_finite_inputs_give_non_finite_outputs():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    out = head((), _inputs((3,)).at[1, 0].set(jnp.nan))
+    assert jnp.isnan(out.output["log_likelihood"][1]) and jnp.isnan(out.output["action"][1, 0])
+    assert jnp.all(jnp.isfinite(out.output["log_likelihood"][jnp.array([0, 2])]))
+
+
+def test_an_empty_batch_runs_through_the_sampler():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, checked=True)
+    apply, state = samplers.functional(head)
+    error, (out, _) = checkify.checkify(apply)(state, jnp.zeros((0, 2 * A)))
+    assert error.get() is None
+    assert out.output["action"].shape == (0, A) and out.regularization_loss.shape == (0,)
