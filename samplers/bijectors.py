@@ -111,8 +111,9 @@ class BoundedTanh(distrax.Bijector):
         high: Upper bounds, the same shape as ``low``.
 
     Raises:
-        ValueError: the bounds are not finite, ``low >= high`` anywhere, the shapes
-            differ, or they have more than one dimension.
+        ValueError: the bounds are not finite, subnormal (XLA flushes those to
+            zero), ``low >= high`` anywhere, the shapes differ, or they have more
+            than one dimension.
 
     Example:
         >>> import jax.numpy as jnp, samplers
