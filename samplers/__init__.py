@@ -16,6 +16,7 @@ from samplers.diagnostics import (
     ppo_log_ratio_stats,
     saturation_fraction,
 )
+from samplers.distribution_sampler import DistributionSampler
 from samplers.distributions import SquashedNormal, normal_tanh, squashed_normal
 from samplers.inverse import log_prob_from_action
 from samplers.mode import mode, mode_pre_image
@@ -33,6 +34,7 @@ __all__ = [
     "ActionSampler",
     "BoundedTanh",
     "CrossCheckReport",
+    "DistributionSampler",
     "NormalTanhSampler",
     "Sigmoid",
     "SquashedNormal",

@@ -16,6 +16,7 @@ def test_public_names_are_pinned():
         "ActionSampler",
         "BoundedTanh",
         "CrossCheckReport",
+        "DistributionSampler",
         "NormalTanhSampler",
         "Sigmoid",
         "SquashedNormal",

@@ -1,0 +1,123 @@
+"""A policy head for any distrax distribution: sample it, store the sample, replay it.
+
+For distributions without a bijector to saturate (a Beta over ``[0, 1]``, a
+Categorical over discrete actions) the stored sample itself is what the loss pass
+scores; the stream, deterministic mode and the output contract are those of
+:class:`samplers.SquashedNormalSampler`.
+"""
+
+from collections.abc import Callable
+
+import distrax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+from samplers import _checks
+from samplers.sampler import ActionSampler, _Constant
+from samplers.types import StatefulModuleOutput
+
+
+class DistributionSampler(ActionSampler):
+    """Samples from ``make_distribution(params)``, any distrax distribution.
+
+    The rollout draws ``action = dist.sample(seed)`` and emits it as
+    ``rollout_extras``; the loss pass scores the stored action with
+    ``dist.log_prob`` under the current parameters (for a Categorical, the
+    stored index). ``deterministic`` acts with ``dist.mode()`` instead. The
+    ``regularization_loss`` is ``-entropy_weight * dist.entropy()``, exact where
+    distrax has a closed form (Beta, Categorical, Normal). Each call draws one key
+    for the sample (drawn but unused in replay, none when deterministic) and one
+    more that is unused, so the stream advances as the squashed-Normal samplers'.
+
+    Numerical caveat: the stored action is scored as it is. A float32 Beta sample
+    can round to exactly 0 or 1, where ``log_prob`` is infinite; for squashed
+    Normals store the pre-image instead (:class:`samplers.SquashedNormalSampler`).
+
+    Args:
+        rng: The stream to draw from; the sampler keeps and advances it.
+        entropy_weight: Weight of the entropy bonus, finite.
+        make_distribution: ``params -> distrax.Distribution``, a pure function of
+            the network output.
+
+    Raises:
+        TypeError: ``rng`` is not an ``nnx.Rngs``, ``make_distribution`` is not
+            callable or returns something other than a distrax distribution.
+
+    Example:
+        >>> import distrax, jax.numpy as jnp, samplers
+        >>> from flax import nnx
+        >>> head = samplers.DistributionSampler(
+        ...     nnx.Rngs(0), 0.01, lambda logits: distrax.Categorical(logits=logits)
+        ... )
+        >>> out = head((), jnp.zeros((4, 3)))
+        >>> again = head((), jnp.zeros((4, 3)), out.rollout_extras)
+        >>> out.output["action"].shape, bool(jnp.all(again.output["log_likelihood"] < 0))
+        ((4,), True)
+    """
+
+    def __init__(
+        self,
+        rng: nnx.Rngs,
+        entropy_weight: float,
+        make_distribution: Callable[[Array], distrax.Distribution],
+    ):
+        if not isinstance(rng, nnx.Rngs):
+            raise TypeError(
+                f"rng must be an nnx.Rngs, got {type(rng).__name__}; pass e.g. nnx.Rngs(0)."
+            )
+        if not callable(make_distribution):
+            raise TypeError(
+                f"make_distribution must be a function params -> distrax distribution, got "
+                f"{type(make_distribution).__name__}."
+            )
+        self.rng = rng
+        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        self._make_distribution = _Constant(make_distribution)
+        self.deterministic = False
+
+    def distribution(self, params: Float[Array, "*batch params"]) -> distrax.Distribution:
+        """The distribution this sampler draws from for the given network output."""
+        dist = self._make_distribution.value(params)
+        if not isinstance(dist, distrax.Distribution):
+            raise TypeError(
+                f"make_distribution must return a distrax.Distribution, got "
+                f"{type(dist).__name__}; wrap a TFP distribution with distrax.as_distribution."
+            )
+        return dist
+
+    def __call__(
+        self,
+        state: tuple[()],
+        params: Float[Array, "*batch params"],
+        rollout_extras: Array | None = None,
+    ) -> StatefulModuleOutput:
+        """Samples a fresh action, or scores the stored one in ``rollout_extras``.
+
+        Raises:
+            ValueError: the stored action's shape is not the distribution's
+                ``batch_shape + event_shape``.
+        """
+        dist = self.distribution(params)
+        if rollout_extras is None:
+            action = dist.mode() if self.deterministic else dist.sample(seed=self.rng())
+        else:
+            if not self.deterministic:
+                self.rng()  # the key the rollout sampled with, so the stream stays in step
+            action = jnp.asarray(rollout_extras)
+            expected = dist.batch_shape + dist.event_shape
+            if action.shape != expected:
+                raise ValueError(
+                    f"rollout_extras must have the action shape {expected}, got "
+                    f"{action.shape}; pass the rollout_extras of the rollout call."
+                )
+        action = jax.lax.stop_gradient(action)
+        self.rng()  # the entropy key of the squashed samplers: the same stream
+        return StatefulModuleOutput(
+            next_state=(),
+            output={"action": action, "log_likelihood": dist.log_prob(action)},
+            regularization_loss=-self.entropy_weight * dist.entropy(),
+            metrics={},
+            rollout_extras=action,
+        )

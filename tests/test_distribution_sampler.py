@@ -1,0 +1,107 @@
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+
+
+def _categorical(logits):
+    return distrax.Categorical(logits=logits)
+
+
+def _beta(params):
+    concentrations = jax.nn.softplus(params) + 1.0
+    alpha, beta = jnp.split(concentrations, 2, axis=-1)
+    return distrax.Independent(distrax.Beta(alpha, beta), 1)
+
+
+def _count(head):
+    return int(head.rng.default.count[...])
+
+
+def test_categorical_replays_the_stored_index_under_the_current_logits():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
+    logits = jax.random.normal(jax.random.key(1), (6, 4))
+    rollout = head((), logits)
+    index = rollout.rollout_extras
+    assert index.shape == (6,) and jnp.issubdtype(index.dtype, jnp.integer)
+    new_logits = logits + 0.3 * jax.random.normal(jax.random.key(2), (6, 4))
+    replay = head((), new_logits, index)
+    expected = jnp.take_along_axis(jax.nn.log_softmax(new_logits), index[:, None], -1)[:, 0]
+    np.testing.assert_allclose(replay.output["log_likelihood"], expected, rtol=1e-6)
+    same = head((), logits, index)
+    np.testing.assert_allclose(
+        same.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
+    )
+    probabilities = jax.nn.softmax(logits)
+    entropy = -jnp.sum(probabilities * jnp.log(probabilities), axis=-1)
+    np.testing.assert_allclose(rollout.regularization_loss, -0.1 * entropy, rtol=1e-5)
+    assert _count(head) == 6  # two keys a call, in rollout and replay alike
+
+
+def test_categorical_eval_acts_with_the_most_likely_index_and_draws_one_key():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
+    logits = jax.random.normal(jax.random.key(3), (5, 4))
+    head.eval()
+    out = head((), logits)
+    np.testing.assert_array_equal(out.output["action"], jnp.argmax(logits, axis=-1))
+    assert _count(head) == 1
+
+
+def test_categorical_gradient_reaches_the_logits():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
+    logits = jax.random.normal(jax.random.key(4), (5, 4))
+    index = head((), logits).rollout_extras
+
+    def loss(head, logits):
+        out = head((), logits, index)
+        return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
+
+    grad = nnx.jit(nnx.grad(loss, argnums=1))(head, logits)
+    assert jnp.all(jnp.isfinite(grad)) and jnp.any(grad != 0)
+
+
+def test_beta_actions_are_in_the_unit_interval_and_score_as_the_beta_density():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.01, _beta)
+    params = jax.random.normal(jax.random.key(5), (64, 4))
+    rollout = nnx.jit(lambda head, p: head((), p))(head, params)
+    action = rollout.output["action"]
+    assert action.shape == (64, 2) and jnp.all((action >= 0) & (action <= 1))
+    concentrations = jax.nn.softplus(params) + 1.0
+    alpha, beta = concentrations[:, :2], concentrations[:, 2:]
+    expected = jnp.sum(jax.scipy.stats.beta.logpdf(action, alpha, beta), axis=-1)
+    np.testing.assert_allclose(rollout.output["log_likelihood"], expected, rtol=1e-4, atol=1e-4)
+    replay = head((), params, rollout.rollout_extras)
+    ratio = jnp.exp(replay.output["log_likelihood"] - rollout.output["log_likelihood"])
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-6)
+
+
+def test_beta_entropy_is_the_expected_negative_log_density():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 1.0, _beta)
+    params = jnp.tile(jnp.array([0.5, -1.0, 2.0, 0.0]), (20_000, 1))
+    out = head((), params)
+    samples = -np.asarray(out.output["log_likelihood"], np.float64)
+    standard_error = samples.std() / np.sqrt(samples.size)
+    entropy = -float(out.regularization_loss[0])
+    assert abs(samples.mean() - entropy) < 3 * standard_error
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (None, TypeError, r"make_distribution must be a function params -> distrax"),
+        (lambda p: p, TypeError, r"make_distribution must return a distrax.Distribution, got"),
+    ],
+)
+def test_bad_distribution_factories_are_refused(make, error, message):
+    with pytest.raises(error, match=message):
+        samplers.DistributionSampler(nnx.Rngs(0), 0.1, make)((), jnp.zeros((2, 3)))
+
+
+def test_a_stored_action_of_the_wrong_shape_is_refused():
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
+    with pytest.raises(ValueError, match=r"must have the action shape \(2,\), got \(3,\)"):
+        head((), jnp.zeros((2, 3)), jnp.zeros(3, jnp.int32))
