@@ -6,6 +6,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 
 def real_number(name: str, value, *, minimum=None, above=None) -> float:
@@ -74,3 +75,16 @@ def positive_int(name: str, value) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value}.")
     return int(value)
+
+
+def rngs(value) -> nnx.Rngs:
+    """Returns ``value`` after checking it is the ``nnx.Rngs`` a sampler draws from.
+
+    Raises:
+        TypeError: ``value`` is not an ``nnx.Rngs``.
+    """
+    if not isinstance(value, nnx.Rngs):
+        raise TypeError(
+            f"rng must be an nnx.Rngs, got {type(value).__name__}; pass e.g. nnx.Rngs(0)."
+        )
+    return value

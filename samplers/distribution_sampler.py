@@ -63,16 +63,12 @@ class DistributionSampler(ActionSampler):
         entropy_weight: float,
         make_distribution: Callable[[Array], distrax.Distribution],
     ):
-        if not isinstance(rng, nnx.Rngs):
-            raise TypeError(
-                f"rng must be an nnx.Rngs, got {type(rng).__name__}; pass e.g. nnx.Rngs(0)."
-            )
         if not callable(make_distribution):
             raise TypeError(
                 f"make_distribution must be a function params -> distrax distribution, got "
                 f"{type(make_distribution).__name__}."
             )
-        self.rng = rng
+        self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self._make_distribution = _Constant(make_distribution)
         self.deterministic = False

@@ -9,7 +9,6 @@ float32 represents exactly near a bound, and clamps only actions that lie on a
 bound.
 """
 
-import math
 from typing import NamedTuple
 
 import distrax
@@ -19,9 +18,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
 from samplers.bijectors import BoundedTanh
-from samplers.distributions import SquashedNormal
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+from samplers.distributions import _HALF_LOG_2PI, SquashedNormal
 
 
 class _Squashing(NamedTuple):

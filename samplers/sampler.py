@@ -122,11 +122,7 @@ class SquashedNormalSampler(ActionSampler):
         entropy_points: int | None = None,
         checked: bool = False,
     ):
-        if not isinstance(rng, nnx.Rngs):
-            raise TypeError(
-                f"rng must be an nnx.Rngs, got {type(rng).__name__}; pass e.g. nnx.Rngs(0)."
-            )
-        self.rng = rng
+        self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
         self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
