@@ -110,12 +110,15 @@ def bound_distance(
             "action must have shape [*batch, action], got a scalar; add the action axis "
             "with action[None]."
         )
+    return jnp.min(_bound_distances(squashing, action, normalized=normalized), axis=-1)
+
+
+def _bound_distances(squashing, action, *, normalized: bool = False):
+    """``min(action - low, high - action)`` per dimension (over the half range if normalized)."""
     low = jnp.broadcast_to(jnp.asarray(squashing.low, action.dtype), action.shape)
     high = jnp.broadcast_to(jnp.asarray(squashing.high, action.dtype), action.shape)
     distance = jnp.minimum(action - low, high - action)
-    if normalized:
-        distance = distance / ((high - low) / 2)
-    return jnp.min(distance, axis=-1)
+    return distance / ((high - low) / 2) if normalized else distance
 
 
 def ppo_log_ratio_stats(

@@ -116,9 +116,13 @@ class SquashedNormal(distrax.Transformed):
         return self.bijector.forward(pre_image), self.log_prob_from_pre_image(pre_image)
 
     def sample_pre_image(self, *, seed: PRNGKeyArray) -> Float[Array, "*batch action"]:
-        """Draws ``x = loc + scale * eps``, reparameterised (gradients reach loc and scale)."""
-        eps = jax.random.normal(seed, self._loc.shape, self._loc.dtype)
-        return self._loc + self._scale * eps
+        """Draws ``x = loc + scale * eps``, reparameterised (gradients reach loc and scale).
+
+        ``seed`` is one key, or one typed key per batch element (shape
+        ``[*batch]``, e.g. ``jax.random.split(key, n)``): each element then draws
+        from its own key, so its sample does not depend on the rest of the batch.
+        """
+        return self._loc + self._scale * _standard_normal(seed, self._loc)
 
     def sample_with_pre_image(
         self, *, seed: PRNGKeyArray
@@ -149,12 +153,11 @@ class SquashedNormal(distrax.Transformed):
         reach ``loc``, ``scale`` and the bijector's parameters. Unbiased, not
         exact: it varies with ``seed``, with a variance that falls as
         ``1 / num_samples``. One sample draws exactly ``normal(seed, loc.shape)``.
+        ``seed`` may also be one key per batch element, as in
+        :meth:`sample_pre_image`.
         """
         num_samples = _checks.positive_int("num_samples", num_samples)
-        if num_samples == 1:
-            eps = jax.random.normal(seed, self._loc.shape, self._loc.dtype)[None]
-        else:
-            eps = jax.random.normal(seed, (num_samples, *self._loc.shape), self._loc.dtype)
+        eps = _standard_normal(seed, self._loc, num_samples)
         return _entropy_estimate(self._log_det, self._loc, self._scale, eps)
 
     def entropy_quadrature(self, num_points: int = 8) -> Float[Array, "*batch"]:
@@ -173,6 +176,37 @@ class SquashedNormal(distrax.Transformed):
         pre_images = self._loc[None] + self._scale[None] * nodes.reshape(shape)
         expected_log_det = jnp.tensordot(weights, self._log_det(pre_images), axes=1)
         return self.distribution.entropy() + jnp.sum(expected_log_det, axis=-1)
+
+
+def _standard_normal(seed, loc, num_samples: int | None = None):
+    """Noise like ``loc``, with a leading axis of ``num_samples`` unless it is ``None``.
+
+    From one key: ``normal(seed, [num_samples, *loc.shape])`` (without the leading
+    axis for ``None``, and as ``normal(seed, loc.shape)[None]`` for one sample).
+    From a key per batch element: each element draws ``[num_samples, action]``
+    from its own key.
+    """
+    dtype, action_size = loc.dtype, loc.shape[-1]
+    batch_shape = loc.shape[:-1]
+    if not _is_key_array(seed) or jnp.ndim(seed) == 0:
+        if num_samples is None:
+            return jax.random.normal(seed, loc.shape, dtype)
+        if num_samples == 1:
+            return jax.random.normal(seed, loc.shape, dtype)[None]
+        return jax.random.normal(seed, (num_samples, *loc.shape), dtype)
+    if seed.shape != batch_shape:
+        raise ValueError(
+            f"seed must be one key or one key per batch element, shape {batch_shape}, got "
+            f"keys of shape {seed.shape}; make them with jax.random.split(key, n)."
+        )
+    event_shape = (action_size,) if num_samples is None else (num_samples, action_size)
+    draw = jax.vmap(lambda key: jax.random.normal(key, event_shape, dtype))
+    noise = draw(seed.reshape(-1)).reshape(*batch_shape, *event_shape)
+    return noise if num_samples is None else jnp.moveaxis(noise, -2, 0)
+
+
+def _is_key_array(seed) -> bool:
+    return jax.dtypes.issubdtype(getattr(seed, "dtype", None), jax.dtypes.prng_key)
 
 
 # Both kernels below save their derivatives in the forward pass. Left to autodiff,

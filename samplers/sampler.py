@@ -11,7 +11,9 @@ Behaviour is driven by ``rollout_extras``:
 ``deterministic`` (set by ``module.eval()``) replaces the fresh sample by the
 mean, so the action is ``f(mean)``; a replayed pre-image is still scored as given.
 Each call draws one key for the sample (none when deterministic) and then one
-for the entropy estimate.
+for the entropy estimate. With ``per_env_streams=True`` the keys live in the
+carry state instead, one per environment, and the module's stream is not used
+by calls.
 """
 
 import abc
@@ -23,11 +25,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import checkify
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers.bijectors import Tanh
+from samplers.diagnostics import _bound_distances
 from samplers.distributions import SquashedNormal, squashed_normal
+from samplers.inverse import _squashing
 from samplers.types import StatefulModule, StatefulModuleOutput
 
 # Each entropy estimator and its default number of samples or quadrature nodes.
@@ -72,8 +76,18 @@ class SquashedNormalSampler(ActionSampler):
     ``rollout_extras`` and the log-likelihood computed from ``x`` (never from
     ``f^-1(action)``, which is infinite once ``f`` saturates). The
     ``regularization_loss`` is ``-entropy_weight * H`` for a one-sample
-    reparameterised entropy estimate ``H`` (unbiased, not exact); ``metrics``
-    holds ``mu`` and ``sigma``.
+    reparameterised entropy estimate ``H`` (unbiased, not exact).
+
+    ``metrics`` holds ``mu`` and ``sigma`` and, for a bounded squashing (tanh,
+    ``BoundedTanh``, sigmoid), per batch element: ``saturation``, the fraction of
+    action dimensions exactly on a bound (for tanh: the pre-image is past float32
+    saturation, where only the stored pre-image can be scored), and
+    ``bound_distance``, the smallest distance of the action to a bound (see
+    :func:`samplers.bound_distance`). With ``log_ratio_metrics=True``, a replay
+    also reports ``log_ratio`` (current minus rollout log-likelihood) and
+    ``approx_kl``, the per-element k3 estimate ``expm1(log_ratio) - log_ratio``
+    of ``KL(rollout || current)``; :func:`samplers.ppo_log_ratio_stats` turns
+    them into clip fractions.
 
     Args:
         rng: The stream to draw from; the sampler keeps and advances it.
@@ -96,6 +110,18 @@ class SquashedNormalSampler(ActionSampler):
             index. Run the step under ``checkify.checkify`` (eager calls raise at
             once). Off by default: NaN or inf inputs then propagate to NaN or inf
             outputs, never to finite wrong numbers.
+        per_env_streams: If True, each environment has its own random stream in
+            the carry state: :meth:`initialize_state` returns one key per
+            environment (drawn from ``rng``), each call splits every key into the
+            next state's key, a sample key and an entropy key, and
+            :meth:`reset_state` keeps the keys. An environment's samples then do
+            not depend on how the batch is split into minibatches or devices, and
+            ``eval()`` consumes the keys the same way. Pass the state that the
+            rollout call received to its replay to replay the entropy noise too.
+        log_ratio_metrics: If True, the rollout emits ``{"pre_image",
+            "log_likelihood"}`` as ``rollout_extras`` (instead of the pre-image
+            alone) and a replay of it adds ``log_ratio`` and ``approx_kl`` to
+            ``metrics``.
 
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs`` or an option is not a number.
@@ -121,6 +147,8 @@ class SquashedNormalSampler(ActionSampler):
         entropy: str = "sample",
         entropy_points: int | None = None,
         checked: bool = False,
+        per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
     ):
         self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
@@ -134,6 +162,8 @@ class SquashedNormalSampler(ActionSampler):
         )
         self._bijector = _Constant(distrax.as_bijector(bijector))
         self.checked = bool(checked)
+        self.per_env_streams = bool(per_env_streams)
+        self.log_ratio_metrics = bool(log_ratio_metrics)
         self.deterministic = False
 
     @property
@@ -149,41 +179,122 @@ class SquashedNormalSampler(ActionSampler):
 
     def __call__(
         self,
-        state: tuple[()],
+        state: tuple[()] | PRNGKeyArray,
         mean_and_std: Float[Array, "*batch params"],
-        rollout_extras: Float[Array, "*batch action"] | None = None,
+        rollout_extras: Float[Array, "*batch action"] | dict | None = None,
     ) -> StatefulModuleOutput:
         """Samples a fresh action, or replays the pre-image in ``rollout_extras``.
 
         Args:
-            state: ``()`` (the sampler is stateless).
+            state: ``()``, or with ``per_env_streams`` one key per batch element
+                (from :meth:`initialize_state` or the last call's ``next_state``).
             mean_and_std: ``[mean | raw_std]``, shape ``[*batch, 2 * action]``.
             rollout_extras: ``None`` to sample; the ``rollout_extras`` of an
-                earlier call (shape ``[*batch, action]``) to replay it.
+                earlier call (shape ``[*batch, action]``, or the dict emitted
+                with ``log_ratio_metrics``) to replay it.
 
         Raises:
-            ValueError: the replayed pre-image's shape is not the action shape.
-            TypeError: the replayed pre-image is not floating.
+            ValueError: the replayed pre-image's shape is not the action shape,
+                or the per-environment keys do not match the batch shape.
+            TypeError: the replayed pre-image is not floating, or ``state`` is
+                not a key array when ``per_env_streams`` is set.
         """
         if self.checked:
             _check_finite(mean_and_std)
         dist = self.distribution(mean_and_std)
-        if rollout_extras is None:
-            pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=self.rng())
+        if self.per_env_streams:
+            next_state, sample_key, entropy_key = _split_env_keys(state, dist.batch_shape)
         else:
-            if not self.deterministic:
-                self.rng()  # the key the rollout sampled with, so the stream stays in step
-            pre_image = _replayed(rollout_extras, dist.loc.shape)
+            next_state = ()
+            # The rollout samples with this key; a replay draws it too, so the
+            # stream advances the same way in both passes.
+            sample_key = None if self.deterministic else self.rng()
+            entropy_key = self.rng()
+        old_log_likelihood = None
+        if rollout_extras is None:
+            pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=sample_key)
+        else:
+            pre_image, old_log_likelihood = self._replayed(rollout_extras, dist.loc.shape)
         pre_image = jax.lax.stop_gradient(pre_image)
         action, log_likelihood = dist.forward_and_log_prob(pre_image)
-        entropy = self._entropy(dist, self.rng())
+        entropy = self._entropy(dist, entropy_key)
+        metrics = {"mu": dist.loc, "sigma": dist.scale}
+        squashing = _squashing(self.bijector)
+        if squashing is not None:
+            distances = _bound_distances(squashing, action)
+            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
+            metrics["bound_distance"] = jnp.min(distances, axis=-1)
+        if old_log_likelihood is not None:
+            log_ratio = log_likelihood - old_log_likelihood
+            metrics["log_ratio"] = log_ratio
+            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
+        if self.log_ratio_metrics:
+            rollout_extras = {
+                "pre_image": pre_image,
+                "log_likelihood": jax.lax.stop_gradient(log_likelihood),
+            }
+        else:
+            rollout_extras = pre_image
         return StatefulModuleOutput(
-            next_state=(),
+            next_state=next_state,
             output={"action": action, "log_likelihood": log_likelihood},
             regularization_loss=-self.entropy_weight * entropy,
-            metrics={"mu": dist.loc, "sigma": dist.scale},
-            rollout_extras=pre_image,
+            metrics=metrics,
+            rollout_extras=rollout_extras,
         )
+
+    def initialize_state(self, batch_size: int) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` one new key per environment.
+
+        The keys are split from one key drawn from the module's stream, so each
+        call returns new ones.
+
+        Example:
+            >>> import jax.numpy as jnp, samplers
+            >>> from flax import nnx
+            >>> head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, per_env_streams=True)
+            >>> keys = head.initialize_state(8)
+            >>> whole = head(keys, jnp.zeros((8, 4)))
+            >>> half = head(keys[4:], jnp.zeros((4, 4)))
+            >>> bool(jnp.array_equal(whole.output["action"][4:], half.output["action"]))
+            True
+        """
+        batch_size = _checks.positive_int("batch_size", batch_size)
+        if not self.per_env_streams:
+            return ()
+        return jax.random.split(self.rng(), batch_size)
+
+    def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
+        return prev_state if self.per_env_streams else ()
+
+    def _replayed(self, rollout_extras, action_shape):
+        """The stored pre-image, and the rollout's log-likelihood if it was stored."""
+        if not self.log_ratio_metrics:
+            if isinstance(rollout_extras, dict):
+                raise TypeError(
+                    f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
+                    f"sampler replays the stored pre-image array alone; pass "
+                    f"log_ratio_metrics=True to the sampler that emitted it."
+                )
+            return _replayed(rollout_extras, action_shape), None
+        if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
+            "pre_image",
+            "log_likelihood",
+        }:
+            raise TypeError(
+                f"with log_ratio_metrics=True, rollout_extras must be the dict "
+                f"{{'pre_image', 'log_likelihood'}} that the rollout call emitted, got "
+                f"{type(rollout_extras).__name__}."
+            )
+        old = rollout_extras["log_likelihood"]
+        old = _checks.float_array("rollout_extras['log_likelihood']", old)
+        if old.shape != action_shape[:-1]:
+            raise ValueError(
+                f"rollout_extras['log_likelihood'] must have the batch shape "
+                f"{action_shape[:-1]}, got {old.shape}."
+            )
+        return _replayed(rollout_extras["pre_image"], action_shape), old
 
     def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
         if self.entropy == "sample":
@@ -205,6 +316,10 @@ class NormalTanhSampler(SquashedNormalSampler):
             :class:`SquashedNormalSampler`.
         entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
         checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
+        per_env_streams: One random stream per environment in the carry state;
+            see :class:`SquashedNormalSampler`.
+        log_ratio_metrics: Store the rollout's log-likelihood and report PPO
+            log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -229,6 +344,8 @@ class NormalTanhSampler(SquashedNormalSampler):
         entropy: str = "sample",
         entropy_points: int | None = None,
         checked: bool = False,
+        per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
     ):
         super().__init__(
             rng,
@@ -239,6 +356,8 @@ class NormalTanhSampler(SquashedNormalSampler):
             entropy=entropy,
             entropy_points=entropy_points,
             checked=checked,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
         )
 
 
@@ -260,6 +379,10 @@ class StateIndependentSampler(SquashedNormalSampler):
             :class:`SquashedNormalSampler`.
         entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
         checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
+        per_env_streams: One random stream per environment in the carry state;
+            see :class:`SquashedNormalSampler`.
+        log_ratio_metrics: Store the rollout's log-likelihood and report PPO
+            log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
 
     Raises:
         TypeError: an option is not a number of the right kind.
@@ -286,6 +409,8 @@ class StateIndependentSampler(SquashedNormalSampler):
         entropy: str = "sample",
         entropy_points: int | None = None,
         checked: bool = False,
+        per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
     ):
         super().__init__(
             rng,
@@ -294,6 +419,8 @@ class StateIndependentSampler(SquashedNormalSampler):
             entropy=entropy,
             entropy_points=entropy_points,
             checked=checked,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
         )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
@@ -326,6 +453,25 @@ def _check_finite(mean_and_std) -> None:
     )
 
 
+def _split_env_keys(keys, batch_shape: tuple[int, ...]):
+    """Splits one key per batch element into (next keys, sample keys, entropy keys)."""
+    if not isinstance(keys, jax.Array) or not jax.dtypes.issubdtype(
+        keys.dtype, jax.dtypes.prng_key
+    ):
+        raise TypeError(
+            f"with per_env_streams=True the state must be one key per environment, got "
+            f"{type(keys).__name__}; pass sampler.initialize_state(batch_size) to the first "
+            f"call and each call's next_state to the next."
+        )
+    if keys.shape != batch_shape:
+        raise ValueError(
+            f"the state must hold one key per batch element, shape {batch_shape}, got "
+            f"{keys.shape}; slice the keys with the inputs when splitting a batch."
+        )
+    split = jax.vmap(lambda key: jax.random.split(key, 3))(keys.reshape(-1))
+    return tuple(split[:, i].reshape(batch_shape) for i in range(3))
+
+
 class _Constant:
     """Keeps a value out of the module's state: nnx treats it as static configuration.
 
@@ -356,10 +502,11 @@ def functional(sampler: ActionSampler) -> tuple[Callable, dict]:
     """Splits a sampler once into a jitted pure function and its state.
 
     Calling a module through ``nnx.jit`` re-walks its graph on every call, which
-    dominates at small batch sizes. ``apply(state, inputs, rollout_extras=None)``
-    runs the sampler under ``jax.jit`` and returns ``(output, next_state)``:
-    thread ``next_state`` into the next call as a training loop threads any other
-    state. The state is a plain nested dict of arrays (``nnx.to_pure_dict``);
+    dominates at small batch sizes. ``apply(state, inputs, rollout_extras=None,
+    carry=())`` runs the sampler under ``jax.jit`` on the carry state ``carry``
+    and returns ``(output, next_state)``: thread ``next_state`` into the next call
+    as a training loop threads any other state (and ``output.next_state`` into
+    ``carry``). The state is a plain nested dict of arrays (``nnx.to_pure_dict``);
     ``nnx.update(sampler, state)`` writes it back into the module.
     ``deterministic`` is read when ``functional`` is called: call it again after
     ``eval()`` or ``train()``.
@@ -384,9 +531,9 @@ def functional(sampler: ActionSampler) -> tuple[Callable, dict]:
     graphdef, state = nnx.split(sampler)
 
     @jax.jit
-    def apply(state, inputs, rollout_extras=None):
+    def apply(state, inputs, rollout_extras=None, carry=()):
         module = nnx.merge(graphdef, state)
-        out = module((), inputs, rollout_extras)
+        out = module(carry, inputs, rollout_extras)
         return out, nnx.to_pure_dict(nnx.state(module))
 
     return apply, nnx.to_pure_dict(state)

@@ -279,6 +279,33 @@ def _shard_map_module_with_a_replicated_stream(check_vma=True):
     return problems
 
 
+def _shard_map_module_with_per_env_streams():
+    """Per-environment keys split with the batch: each shard draws the unsharded run's noise."""
+    sampler = samplers.NormalTanhSampler(nnx.Rngs(8), ENTROPY_WEIGHT, per_env_streams=True)
+    keys = sampler.initialize_state(B)
+    graphdef, state = nnx.split(sampler)
+
+    def module_call(keys, p):
+        out = nnx.merge(graphdef, state)(keys, p)
+        return out.rollout_extras, out.regularization_loss, jax.random.key_data(out.next_state)
+
+    expected = jax.jit(module_call)(keys, _same_blocks())
+    actual = _in_shard_map(module_call, (P("batch"), P("batch")), (P("batch"),) * 3)(
+        _batch_sharded(keys), _batch_sharded(_same_blocks())
+    )
+    problems = []
+    if not np.allclose(actual[0], expected[0], rtol=1e-6, atol=1e-6):
+        problems.append("a shard's per-environment samples differ from the unsharded run")
+    if not np.allclose(actual[1], expected[1], rtol=1e-6, atol=1e-7):
+        problems.append("a shard's entropy estimates differ from the unsharded run")
+    if not np.array_equal(actual[2], expected[2]):
+        problems.append("the next keys differ from the unsharded run")
+    blocks = _blocks(actual[0])
+    if any(np.array_equal(blocks[i], blocks[j]) for i in range(DEVICES) for j in range(i)):
+        problems.append("two shards drew the same noise")
+    return problems
+
+
 def _nnx_scan_over_time():
     """nnx.scan over T with the batch sharded: the unsharded run up to rounding, still sharded."""
     mesh = jax.make_mesh((DEVICES,), ("batch",))
@@ -328,6 +355,7 @@ def main():
         "shard_map module without the varying-axes check",
         functools.partial(_shard_map_module_with_a_replicated_stream, check_vma=False),
     )
+    _run(results, "shard_map module with per-env streams", _shard_map_module_with_per_env_streams)
     _run(results, "nnx.scan over time", _nnx_scan_over_time)
     print(json.dumps(results))
 

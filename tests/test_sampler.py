@@ -429,3 +429,182 @@ def test_an_empty_batch_runs_through_the_sampler():
     error, (out, _) = checkify.checkify(apply)(state, jnp.zeros((0, 2 * A)))
     assert error.get() is None
     assert out.output["action"].shape == (0, A) and out.regularization_loss.shape == (0,)
+
+
+def _per_env(**options):
+    return samplers.NormalTanhSampler(nnx.Rngs(3), **OPTIONS, per_env_streams=True, **options)
+
+
+def _tree_equal(a, b, rtol=0.0):
+    """Keys bit for bit; floats to ``rtol`` (XLA may round a jitted batch of another
+    size differently in the last bit, as it vectorises loops by shape)."""
+    leaves = [jax.tree.leaves(t) for t in (a, b)]
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(*leaves, strict=True):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            np.testing.assert_array_equal(jax.random.key_data(x), jax.random.key_data(y))
+        else:
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * 1e-2)
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_per_env_streams_do_not_depend_on_how_the_batch_is_split(jitted):
+    head = _per_env()
+    call = nnx.jit(lambda head, *args: head(*args)) if jitted else (lambda head, *args: head(*args))
+    keys = head.initialize_state(8)
+    for step in range(3):
+        inputs = _inputs((8,), seed=step)
+        whole = call(head, keys, inputs)
+        parts = [call(head, keys[s], inputs[s]) for s in (slice(0, 3), slice(3, 8))]
+        rtol = 1e-6 if jitted else 0.0
+        _tree_equal(whole, jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts), rtol)
+        single = call(head, keys[5], inputs[5])  # an unbatched call with that env's key
+        _tree_equal(jax.tree.map(lambda x: x[5], whole), single, rtol)
+        keys = whole.next_state
+    assert _count(head.rng) == 1  # initialize_state drew one key; calls draw none
+
+    # The module's own stream is not minibatch-invariant: the same check fails there.
+    shared = samplers.NormalTanhSampler(nnx.Rngs(3), **OPTIONS)
+    whole = shared((), _inputs((8,))).output["action"]
+    tail = shared((), _inputs((8,))[3:]).output["action"]
+    assert not jnp.allclose(whole[3:], tail)
+
+
+def test_per_env_streams_draw_each_environment_from_its_own_key():
+    head = _per_env()
+    keys = head.initialize_state(4)
+    inputs = _inputs((4,))
+    out = head(keys, inputs)
+    mean, std = reference.params_float64(inputs)
+    for env in range(4):
+        next_key, sample_key, entropy_key = jax.random.split(keys[env], 3)
+        _tree_equal(out.next_state[env], next_key)
+        pre_image = mean[env] + std[env] * jax.random.normal(sample_key, (A,))
+        np.testing.assert_allclose(out.rollout_extras[env], pre_image, rtol=1e-5, atol=1e-6)
+        noisy = mean[env] + std[env] * jax.random.normal(entropy_key, (A,))
+        entropy = np.sum(
+            0.5
+            + 0.5 * np.log(2 * np.pi)
+            + np.log(std[env])
+            + 2 * np.log(2.0)
+            - 2 * np.logaddexp(noisy, -noisy)
+        )
+        np.testing.assert_allclose(out.regularization_loss[env], -0.01 * entropy, rtol=1e-5)
+
+
+def test_per_env_streams_replay_and_eval_consume_the_keys_alike():
+    head = _per_env()
+    keys = head.initialize_state(5)
+    inputs = _inputs((5,))
+    rollout = head(keys, inputs)
+    replay = head(keys, inputs, rollout.rollout_extras)
+    head.eval()
+    evaluation = head(keys, inputs)
+    eval_replay = head(keys, inputs, rollout.rollout_extras)
+    for out in (replay, evaluation, eval_replay):
+        _tree_equal(out.next_state, rollout.next_state)
+        _tree_equal(out.regularization_loss, rollout.regularization_loss)
+    _tree_equal(replay.output, rollout.output)
+    _tree_equal(eval_replay.output, rollout.output)
+    np.testing.assert_array_equal(evaluation.output["action"], jnp.tanh(inputs[..., :A]))
+    assert _count(head.rng) == 1
+    _tree_equal(head.reset_state(rollout.next_state), rollout.next_state)
+
+
+def test_per_env_streams_replay_a_stacked_trajectory_in_one_call():
+    head = _per_env()
+    apply, state = samplers.functional(head)
+    keys = head.initialize_state(4)
+    inputs = _inputs((6, 4))
+    carries, rollouts = [], []
+    for t in range(6):
+        carries.append(keys)
+        out, state = apply(state, inputs[t], carry=keys)
+        rollouts.append(out)
+        keys = out.next_state
+    rollout = jax.tree.map(lambda *xs: jnp.stack(xs), *rollouts)
+    replay, _ = apply(state, inputs, rollout.rollout_extras, carry=jnp.stack(carries))
+    _tree_equal(replay.output, rollout.output)
+    _tree_equal(replay.regularization_loss, rollout.regularization_loss)
+    _tree_equal(replay.next_state, rollout.next_state)
+
+
+@pytest.mark.parametrize(
+    "state, error, message",
+    [
+        ((), TypeError, r"the state must be one key per environment, got tuple; pass"),
+        (jax.random.split(jax.random.key(0), 3), ValueError, r"shape \(5,\), got \(3,\)"),
+        (jnp.zeros((5, 2), jnp.uint32), TypeError, r"one key per environment, got ArrayImpl"),
+    ],
+    ids=["empty", "wrong-shape", "raw-keys"],
+)
+def test_per_env_streams_refuse_a_state_that_is_not_one_key_per_environment(state, error, message):
+    with pytest.raises(error, match=message):
+        _per_env()(state, _inputs((5,)))
+
+
+def test_bounded_squashings_report_saturation_and_distance_to_the_bounds():
+    mean = jnp.array([[20.0, 0.0, -20.0], [0.5, 0.0, -0.25], [0.0, 8.5, 0.0]])
+    inputs = jnp.concatenate([mean, jnp.full_like(mean, -30.0)], axis=-1)  # std ~ min_std
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    out = head((), inputs)
+    np.testing.assert_allclose(out.metrics["saturation"], [2 / 3, 0, 1 / 3], rtol=1e-7)
+    np.testing.assert_array_equal(
+        out.metrics["saturation"],
+        samplers.saturation_fraction(out.rollout_extras, axis=-1),
+    )
+    np.testing.assert_array_equal(out.metrics["bound_distance"][jnp.array([0, 2])], 0.0)
+    # The dimension at 0.5 (std 1e-3) is the closest to a bound in the unsaturated row.
+    np.testing.assert_allclose(out.metrics["bound_distance"][1], 1 - jnp.tanh(0.5), rtol=1e-2)
+    bounds = samplers.BoundedTanh(jnp.full(3, -2.0), jnp.array([2.0, 3.0, 4.0]))
+    bounded = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.01, bijector=bounds)
+    out = bounded((), _inputs((7,), scale=6.0))
+    np.testing.assert_array_equal(
+        out.metrics["bound_distance"],
+        samplers.bound_distance(bounded.bijector, out.output["action"]),
+    )
+    assert jnp.all((out.metrics["saturation"] >= 0) & (out.metrics["saturation"] <= 1))
+    unbounded = samplers.SquashedNormalSampler(
+        nnx.Rngs(0), 0.01, bijector=distrax.Lambda(lambda x: x)
+    )
+    assert set(unbounded((), _inputs((2,))).metrics) == {"mu", "sigma"}
+
+
+def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
+    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, log_ratio_metrics=True)
+    inputs = _inputs((64,))
+    rollout = head((), inputs)
+    assert set(rollout.rollout_extras) == {"pre_image", "log_likelihood"}
+    assert "log_ratio" not in rollout.metrics
+    same = head((), inputs, rollout.rollout_extras)
+    np.testing.assert_array_equal(same.metrics["log_ratio"], 0.0)
+    np.testing.assert_array_equal(same.metrics["approx_kl"], 0.0)
+
+    moved = inputs + 0.1
+    replay = head((), moved, rollout.rollout_extras)
+    mean, std = reference.params_float64(moved)
+    new = reference.tanh_normal_log_prob_float64(rollout.rollout_extras["pre_image"], mean, std)
+    log_ratio = new - np.asarray(rollout.output["log_likelihood"], np.float64)
+    np.testing.assert_allclose(replay.metrics["log_ratio"], log_ratio, atol=2e-5)
+    np.testing.assert_allclose(
+        replay.metrics["approx_kl"], np.expm1(log_ratio) - log_ratio, rtol=1e-3, atol=1e-7
+    )
+    assert jnp.all(replay.metrics["approx_kl"] >= 0)
+    stats = samplers.ppo_log_ratio_stats(
+        replay.output["log_likelihood"], rollout.rollout_extras["log_likelihood"]
+    )
+    np.testing.assert_allclose(stats["approx_kl"], jnp.mean(replay.metrics["approx_kl"]), rtol=1e-6)
+
+
+def test_log_ratio_metrics_refuse_the_other_kind_of_rollout_extras():
+    plain = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    with_ratio = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, log_ratio_metrics=True)
+    inputs = _inputs((4,))
+    with pytest.raises(TypeError, match=r"pass log_ratio_metrics=True to the sampler"):
+        plain((), inputs, with_ratio((), inputs).rollout_extras)
+    with pytest.raises(TypeError, match=r"must be the dict \{'pre_image', 'log_likelihood'\}"):
+        with_ratio((), inputs, plain((), inputs).rollout_extras)
+    extras = with_ratio((), inputs).rollout_extras
+    extras["log_likelihood"] = extras["log_likelihood"][:2]
+    with pytest.raises(ValueError, match=r"must have the batch shape \(4,\), got \(2,\)"):
+        with_ratio((), inputs, extras)

@@ -15,7 +15,9 @@ What they establish:
 - Inside ``jax.shard_map`` every shard sees only its block. Scoring a stored
   pre-image is exact. A key passed replicated gives every shard the same noise,
   the draw an unsharded call on that block alone would make, which is not the
-  global draw; folding in ``jax.lax.axis_index`` gives each shard its own.
+  global draw; folding in ``jax.lax.axis_index`` gives each shard its own. With
+  ``per_env_streams`` the keys are split with the batch, and every shard draws
+  what the unsharded call draws for its environments.
 """
 
 import json
@@ -117,6 +119,10 @@ def test_shard_map_sampler_without_the_varying_axes_check_draws_the_same_noise_p
 ):
     """With ``check_vma=False`` a replicated stream runs: every shard draws the same noise."""
     _assert_passed(sharded, "shard_map module without the varying-axes check")
+
+
+def test_shard_map_sampler_with_per_env_streams_draws_the_unsharded_noise(sharded):
+    _assert_passed(sharded, "shard_map module with per-env streams")
 
 
 # Populations and time, in this process.
