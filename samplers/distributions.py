@@ -230,8 +230,10 @@ def _log_prob_forward(log_det, x, loc, scale, *params):
     inverse_scale = 1.0 / scale
     standardized = (x - loc) * inverse_scale
     log_dets, log_det_vjp = jax.vjp(log_det, x, *params)
+    # (-0.5 * z) * z, not -0.5 * (z * z): sharing z * z with d_scale below makes
+    # XLA's CPU backend fuse a PPO loss step into loops about 1.2x slower.
     log_prob = jnp.sum(
-        -0.5 * jnp.square(standardized) - (_HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
+        -0.5 * standardized * standardized - (_HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
     )
     d_loc = standardized * inverse_scale
     d_x = -d_loc - log_det_vjp(jnp.ones_like(log_dets))[0]
