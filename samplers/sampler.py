@@ -214,20 +214,11 @@ class SquashedNormalSampler(ActionSampler):
         if rollout_extras is None:
             pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=sample_key)
         else:
-            pre_image, old_log_likelihood = self._replayed(rollout_extras, dist.loc.shape)
+            pre_image, old_log_likelihood = self._unpack(rollout_extras, dist.loc.shape)
         pre_image = jax.lax.stop_gradient(pre_image)
         action, log_likelihood = dist.forward_and_log_prob(pre_image)
         entropy = self._entropy(dist, entropy_key)
-        metrics = {"mu": dist.loc, "sigma": dist.scale}
-        squashing = _squashing(self.bijector)
-        if squashing is not None:
-            distances = _bound_distances(squashing, action)
-            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
-            metrics["bound_distance"] = jnp.min(distances, axis=-1)
-        if old_log_likelihood is not None:
-            log_ratio = log_likelihood - old_log_likelihood
-            metrics["log_ratio"] = log_ratio
-            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
+        metrics = self._metrics(dist, action, log_likelihood, old_log_likelihood)
         if self.log_ratio_metrics:
             rollout_extras = {
                 "pre_image": pre_image,
@@ -259,16 +250,28 @@ class SquashedNormalSampler(ActionSampler):
             >>> bool(jnp.array_equal(whole.output["action"][4:], half.output["action"]))
             True
         """
-        batch_size = _checks.positive_int("batch_size", batch_size)
         if not self.per_env_streams:
             return ()
-        return jax.random.split(self.rng(), batch_size)
+        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
 
     def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
         """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
         return prev_state if self.per_env_streams else ()
 
-    def _replayed(self, rollout_extras, action_shape):
+    def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
+        metrics = {"mu": dist.loc, "sigma": dist.scale}
+        squashing = _squashing(self.bijector)
+        if squashing is not None:
+            distances = _bound_distances(squashing, action)
+            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
+            metrics["bound_distance"] = jnp.min(distances, axis=-1)
+        if old_log_likelihood is not None:
+            log_ratio = log_likelihood - old_log_likelihood
+            metrics["log_ratio"] = log_ratio
+            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
+        return metrics
+
+    def _unpack(self, rollout_extras, action_shape):
         """The stored pre-image, and the rollout's log-likelihood if it was stored."""
         if not self.log_ratio_metrics:
             if isinstance(rollout_extras, dict):
