@@ -12,10 +12,10 @@ import distrax
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.sampler import ActionSampler, _Constant
+from samplers.sampler import ActionSampler, _Constant, _split_env_keys
 from samplers.types import StatefulModuleOutput
 
 
@@ -40,6 +40,11 @@ class DistributionSampler(ActionSampler):
         entropy_weight: Weight of the entropy bonus, finite.
         make_distribution: ``params -> distrax.Distribution``, a pure function of
             the network output.
+        per_env_streams: If True, one random stream per environment in the carry
+            state, as in :class:`samplers.SquashedNormalSampler`; each batch
+            element then samples ``make_distribution(params[i])`` with its own
+            key, so ``make_distribution`` must also accept one element's
+            parameters.
 
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs``, ``make_distribution`` is not
@@ -62,6 +67,8 @@ class DistributionSampler(ActionSampler):
         rng: nnx.Rngs,
         entropy_weight: float,
         make_distribution: Callable[[Array], distrax.Distribution],
+        *,
+        per_env_streams: bool = False,
     ):
         if not callable(make_distribution):
             raise TypeError(
@@ -71,6 +78,7 @@ class DistributionSampler(ActionSampler):
         self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self._make_distribution = _Constant(make_distribution)
+        self.per_env_streams = bool(per_env_streams)
         self.deterministic = False
 
     def distribution(self, params: Float[Array, "*batch params"]) -> distrax.Distribution:
@@ -85,7 +93,7 @@ class DistributionSampler(ActionSampler):
 
     def __call__(
         self,
-        state: tuple[()],
+        state: tuple[()] | PRNGKeyArray,
         params: Float[Array, "*batch params"],
         rollout_extras: Array | None = None,
     ) -> StatefulModuleOutput:
@@ -96,11 +104,17 @@ class DistributionSampler(ActionSampler):
                 ``batch_shape + event_shape``.
         """
         dist = self.distribution(params)
-        if rollout_extras is None:
-            action = dist.mode() if self.deterministic else dist.sample(seed=self.rng())
+        if self.per_env_streams:
+            next_state, sample_key, _ = _split_env_keys(state, dist.batch_shape)
         else:
-            if not self.deterministic:
-                self.rng()  # the key the rollout sampled with, so the stream stays in step
+            next_state = ()
+            # Drawn in replay too, so the stream stays in step; then the entropy key
+            # of the squashed samplers, unused here: the same stream.
+            sample_key = None if self.deterministic else self.rng()
+            self.rng()
+        if rollout_extras is None:
+            action = dist.mode() if self.deterministic else self._sample(params, sample_key)
+        else:
             action = jnp.asarray(rollout_extras)
             expected = dist.batch_shape + dist.event_shape
             if action.shape != expected:
@@ -109,11 +123,29 @@ class DistributionSampler(ActionSampler):
                     f"{action.shape}; pass the rollout_extras of the rollout call."
                 )
         action = jax.lax.stop_gradient(action)
-        self.rng()  # the entropy key of the squashed samplers: the same stream
         return StatefulModuleOutput(
-            next_state=(),
+            next_state=next_state,
             output={"action": action, "log_likelihood": dist.log_prob(action)},
             regularization_loss=-self.entropy_weight * dist.entropy(),
             metrics={},
             rollout_extras=action,
         )
+
+    def _sample(self, params, key):
+        if not self.per_env_streams:
+            return self.distribution(params).sample(seed=key)
+        batch_shape = key.shape
+        flat = params.reshape(-1, *params.shape[len(batch_shape) :])
+        draw = jax.vmap(lambda p, k: self.distribution(p).sample(seed=k))
+        samples = draw(flat, key.reshape(-1))
+        return samples.reshape(*batch_shape, *samples.shape[1:])
+
+    def initialize_state(self, batch_size: int) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` one new key per environment."""
+        if not self.per_env_streams:
+            return ()
+        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
+
+    def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` the same keys."""
+        return prev_state if self.per_env_streams else ()

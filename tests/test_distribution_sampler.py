@@ -105,3 +105,27 @@ def test_a_stored_action_of_the_wrong_shape_is_refused():
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
     with pytest.raises(ValueError, match=r"must have the action shape \(2,\), got \(3,\)"):
         head((), jnp.zeros((2, 3)), jnp.zeros(3, jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "make, width", [(_categorical, 4), (_beta, 6)], ids=["categorical", "beta"]
+)
+def test_per_env_streams_sample_each_environment_from_its_own_key(make, width):
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, make, per_env_streams=True)
+    keys = head.initialize_state(6)
+    params = jax.random.normal(jax.random.key(1), (6, width))
+    whole = head(keys, params)
+    for env in range(6):
+        _, sample_key, _ = jax.random.split(keys[env], 3)
+        np.testing.assert_array_equal(
+            whole.output["action"][env], make(params[env]).sample(seed=sample_key)
+        )
+    tail = head(keys[2:], params[2:])
+    np.testing.assert_array_equal(tail.output["action"], whole.output["action"][2:])
+    np.testing.assert_array_equal(
+        jax.random.key_data(tail.next_state), jax.random.key_data(whole.next_state[2:])
+    )
+    replay = head(keys, params, whole.rollout_extras)
+    np.testing.assert_array_equal(replay.output["log_likelihood"], whole.output["log_likelihood"])
+    assert _count(head) == 1  # initialize_state drew one key; calls draw none
+    assert head.reset_state(keys) is keys
