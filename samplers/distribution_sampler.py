@@ -139,13 +139,3 @@ class DistributionSampler(ActionSampler):
         draw = jax.vmap(lambda p, k: self.distribution(p).sample(seed=k))
         samples = draw(flat, key.reshape(-1))
         return samples.reshape(*batch_shape, *samples.shape[1:])
-
-    def initialize_state(self, batch_size: int) -> tuple[()] | PRNGKeyArray:
-        """``()``, or with ``per_env_streams`` one new key per environment."""
-        if not self.per_env_streams:
-            return ()
-        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
-
-    def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
-        """``()``, or with ``per_env_streams`` the same keys."""
-        return prev_state if self.per_env_streams else ()

@@ -39,31 +39,52 @@ _ENTROPY_POINTS = {"sample": 1, "quadrature": 8, "base": 1}
 
 
 class ActionSampler(StatefulModule, abc.ABC):
-    """A stateless policy head: distribution parameters in, an action out.
+    """A policy head: distribution parameters in, an action out.
+
+    Subclasses hold the ``nnx.Rngs`` they draw from as ``rng``.
 
     Attributes:
         deterministic: If True (``module.eval()``), act with the distribution's
             deterministic action instead of sampling.
+        per_env_streams: If True, the carry state holds one key per environment
+            (see :meth:`initialize_state`); otherwise it is ``()``.
     """
 
     deterministic: bool = False
+    per_env_streams: bool = False
 
     @abc.abstractmethod
     def __call__(
         self,
-        state: tuple[()],
+        state: tuple[()] | PRNGKeyArray,
         inputs: Float[Array, "*batch params"],
         rollout_extras: Float[Array, "*batch action"] | None = None,
     ) -> StatefulModuleOutput:
         """Samples (``rollout_extras is None``) or replays an action."""
 
-    def initialize_state(self, batch_size: int) -> tuple[()]:
-        """A sampler is stateless: ``()``."""
-        return ()
+    def initialize_state(self, batch_size: int) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` one new key per environment.
 
-    def reset_state(self, prev_state: tuple[()]) -> tuple[()]:
-        """A sampler is stateless: ``()``."""
-        return ()
+        The keys are split from one key drawn from the module's stream, so each
+        call returns new ones.
+
+        Example:
+            >>> import jax.numpy as jnp, samplers
+            >>> from flax import nnx
+            >>> head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, per_env_streams=True)
+            >>> keys = head.initialize_state(8)
+            >>> whole = head(keys, jnp.zeros((8, 4)))
+            >>> half = head(keys[4:], jnp.zeros((4, 4)))
+            >>> bool(jnp.array_equal(whole.output["action"][4:], half.output["action"]))
+            True
+        """
+        if not self.per_env_streams:
+            return ()
+        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
+
+    def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
+        """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
+        return prev_state if self.per_env_streams else ()
 
 
 class SquashedNormalSampler(ActionSampler):
@@ -233,30 +254,6 @@ class SquashedNormalSampler(ActionSampler):
             metrics=metrics,
             rollout_extras=rollout_extras,
         )
-
-    def initialize_state(self, batch_size: int) -> tuple[()] | PRNGKeyArray:
-        """``()``, or with ``per_env_streams`` one new key per environment.
-
-        The keys are split from one key drawn from the module's stream, so each
-        call returns new ones.
-
-        Example:
-            >>> import jax.numpy as jnp, samplers
-            >>> from flax import nnx
-            >>> head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, per_env_streams=True)
-            >>> keys = head.initialize_state(8)
-            >>> whole = head(keys, jnp.zeros((8, 4)))
-            >>> half = head(keys[4:], jnp.zeros((4, 4)))
-            >>> bool(jnp.array_equal(whole.output["action"][4:], half.output["action"]))
-            True
-        """
-        if not self.per_env_streams:
-            return ()
-        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
-
-    def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
-        """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
-        return prev_state if self.per_env_streams else ()
 
     def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
         metrics = {"mu": dist.loc, "sigma": dist.scale}
