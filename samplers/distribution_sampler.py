@@ -15,7 +15,7 @@ from flax import nnx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.sampler import ActionSampler, _Constant, _split_env_keys
+from samplers.sampler import ActionSampler, _Constant
 from samplers.types import StatefulModuleOutput
 
 
@@ -104,14 +104,8 @@ class DistributionSampler(ActionSampler):
                 ``batch_shape + event_shape``.
         """
         dist = self.distribution(params)
-        if self.per_env_streams:
-            next_state, sample_key, _ = _split_env_keys(state, dist.batch_shape)
-        else:
-            next_state = ()
-            # Drawn in replay too, so the stream stays in step; then the entropy key
-            # of the squashed samplers, unused here: the same stream.
-            sample_key = None if self.deterministic else self.rng()
-            self.rng()
+        # The entropy key goes unused: the stream advances as the squashed samplers'.
+        next_state, sample_key, _ = self._keys(state, dist.batch_shape)
         if rollout_extras is None:
             action = dist.mode() if self.deterministic else self._sample(params, sample_key)
         else:

@@ -86,6 +86,19 @@ class ActionSampler(StatefulModule, abc.ABC):
         """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
         return prev_state if self.per_env_streams else ()
 
+    def _keys(self, state, batch_shape: tuple[int, ...]):
+        """``(next_state, sample key, entropy key)`` for one call.
+
+        From the per-environment keys in ``state``, or from the module's stream:
+        one key for the sample (``None`` when deterministic), drawn in replay too
+        so that the stream advances the same way in both passes, then one for the
+        entropy estimate.
+        """
+        if self.per_env_streams:
+            return _split_env_keys(state, batch_shape)
+        sample_key = None if self.deterministic else self.rng()
+        return (), sample_key, self.rng()
+
 
 class SquashedNormalSampler(ActionSampler):
     """Samples ``f(x)``, ``x ~ N(mean, std)``, for an elementwise distrax bijector ``f``.
@@ -223,14 +236,7 @@ class SquashedNormalSampler(ActionSampler):
         if self.checked:
             _check_finite(mean_and_std)
         dist = self.distribution(mean_and_std)
-        if self.per_env_streams:
-            next_state, sample_key, entropy_key = _split_env_keys(state, dist.batch_shape)
-        else:
-            next_state = ()
-            # The rollout samples with this key; a replay draws it too, so the
-            # stream advances the same way in both passes.
-            sample_key = None if self.deterministic else self.rng()
-            entropy_key = self.rng()
+        next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
         old_log_likelihood = None
         if rollout_extras is None:
             pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=sample_key)
