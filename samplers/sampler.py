@@ -156,6 +156,18 @@ class SquashedNormalSampler(ActionSampler):
             "log_likelihood"}`` as ``rollout_extras`` (instead of the pre-image
             alone) and a replay of it adds ``log_ratio`` and ``approx_kl`` to
             ``metrics``.
+        reparameterized: If True, a fresh sample keeps the pathwise gradient: the
+            action and its log-likelihood are differentiable functions of
+            ``mean`` and ``std`` through ``x = mean + std * eps`` (the noise ``eps``
+            is a constant). This is what an SAC- or TD3-style actor loss such as
+            ``alpha * log_likelihood - Q(s, action)`` needs. If False (the
+            default, as specified for PPO-style replay), the fresh sample is a
+            constant and gradients reach ``mean`` and ``std`` only through the
+            log-density of that fixed action. Replay and ``eval()`` do not
+            depend on it: a replayed pre-image and the deterministic action
+            ``f(mean)`` are scored as given. In both modes ``rollout_extras`` is
+            the pre-image, without gradient: what a PPO loss replays, and what an
+            off-policy buffer may keep beside the action.
 
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs`` or an option is not a number.
@@ -183,6 +195,7 @@ class SquashedNormalSampler(ActionSampler):
         checked: bool = False,
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
+        reparameterized: bool = False,
     ):
         self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
@@ -198,6 +211,7 @@ class SquashedNormalSampler(ActionSampler):
         self.checked = bool(checked)
         self.per_env_streams = bool(per_env_streams)
         self.log_ratio_metrics = bool(log_ratio_metrics)
+        self.reparameterized = bool(reparameterized)
         self.deterministic = False
 
     @property
@@ -238,14 +252,19 @@ class SquashedNormalSampler(ActionSampler):
         dist = self.distribution(mean_and_std)
         next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
         old_log_likelihood = None
-        if rollout_extras is None:
-            pre_image = dist.loc if self.deterministic else dist.sample_pre_image(seed=sample_key)
+        if rollout_extras is None and not self.deterministic:
+            pre_image = dist.sample_pre_image(seed=sample_key)
+            if not self.reparameterized:
+                pre_image = jax.lax.stop_gradient(pre_image)
+        elif rollout_extras is None:
+            pre_image = jax.lax.stop_gradient(dist.loc)
         else:
             pre_image, old_log_likelihood = self._unpack(rollout_extras, dist.loc.shape)
-        pre_image = jax.lax.stop_gradient(pre_image)
+            pre_image = jax.lax.stop_gradient(pre_image)
         action, log_likelihood = dist.forward_and_log_prob(pre_image)
         entropy = self._entropy(dist, entropy_key)
         metrics = self._metrics(dist, action, log_likelihood, old_log_likelihood)
+        pre_image = jax.lax.stop_gradient(pre_image)
         if self.log_ratio_metrics:
             rollout_extras = {
                 "pre_image": pre_image,
@@ -326,6 +345,8 @@ class NormalTanhSampler(SquashedNormalSampler):
             see :class:`SquashedNormalSampler`.
         log_ratio_metrics: Store the rollout's log-likelihood and report PPO
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
+        reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
+            and TD3-style actor losses); see :class:`SquashedNormalSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -352,6 +373,7 @@ class NormalTanhSampler(SquashedNormalSampler):
         checked: bool = False,
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
+        reparameterized: bool = False,
     ):
         super().__init__(
             rng,
@@ -364,6 +386,7 @@ class NormalTanhSampler(SquashedNormalSampler):
             checked=checked,
             per_env_streams=per_env_streams,
             log_ratio_metrics=log_ratio_metrics,
+            reparameterized=reparameterized,
         )
 
 
@@ -389,6 +412,8 @@ class StateIndependentSampler(SquashedNormalSampler):
             see :class:`SquashedNormalSampler`.
         log_ratio_metrics: Store the rollout's log-likelihood and report PPO
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
+        reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
+            and TD3-style actor losses); see :class:`SquashedNormalSampler`.
 
     Raises:
         TypeError: an option is not a number of the right kind.
@@ -417,6 +442,7 @@ class StateIndependentSampler(SquashedNormalSampler):
         checked: bool = False,
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
+        reparameterized: bool = False,
     ):
         super().__init__(
             rng,
@@ -427,6 +453,7 @@ class StateIndependentSampler(SquashedNormalSampler):
             checked=checked,
             per_env_streams=per_env_streams,
             log_ratio_metrics=log_ratio_metrics,
+            reparameterized=reparameterized,
         )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
