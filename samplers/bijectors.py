@@ -1,40 +1,14 @@
 """Elementwise bijectors: tanh, tanh onto per-dimension bounds, and sigmoid."""
 
+from typing import NamedTuple
+
 import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-
-@jax.custom_jvp
-def _tanh_log_det(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
-    """``log|d tanh(x) / dx|`` in a form that stays finite for any finite ``x``.
-
-    ``log(1 - tanh(x)**2)`` is ``log(0) = -inf`` once ``tanh(x)`` rounds to 1
-    (from ``|x| ~ 8`` with XLA's float32 ``tanh``);
-    ``2 * (log 2 - |x| - log1p(exp(-2|x|)))`` is the same quantity without the
-    cancellation. Its derivative, ``-2 tanh(x)``, reuses the same ``exp``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> round(float(_tanh_log_det(jnp.float32(20.0))), 4)
-        -38.6137
-    """
-    return _tanh_log_det_and_derivative(x)[0]
-
-
-def _tanh_log_det_and_derivative(x):
-    magnitude = jnp.abs(x)
-    e = jnp.exp(-2.0 * magnitude)
-    log_det = 2.0 * (jnp.log(2.0) - magnitude - jnp.log1p(e))
-    return log_det, -2.0 * jnp.sign(x) * (1.0 - e) / (1.0 + e)
-
-
-@_tanh_log_det.defjvp
-def _tanh_log_det_jvp(primals, tangents):
-    log_det, derivative = _tanh_log_det_and_derivative(primals[0])
-    return log_det, derivative * tangents[0]
+from samplers._numerics import softplus, tanh_log_det
 
 
 class Tanh(distrax.Tanh):
@@ -51,28 +25,14 @@ class Tanh(distrax.Tanh):
     """
 
     def forward_log_det_jacobian(self, x):
-        return _tanh_log_det(x)
+        return tanh_log_det(x)
 
     def forward_and_log_det(self, x):
-        return jnp.tanh(x), _tanh_log_det(x)
+        return jnp.tanh(x), tanh_log_det(x)
 
     def inverse_and_log_det(self, y):
         x = jnp.arctanh(y)
-        return x, -_tanh_log_det(x)
-
-
-@jax.custom_jvp
-def _softplus(x):
-    """``log(1 + exp(x))``, stably; XLA's CPU backend runs it faster than ``jax.nn.softplus``."""
-    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
-
-
-@_softplus.defjvp
-def _softplus_jvp(primals, tangents):
-    (x,), (dx,) = primals, tangents
-    e = jnp.exp(-jnp.abs(x))
-    sigmoid = jnp.where(x >= 0, 1.0, e) / (1.0 + e)
-    return jnp.maximum(x, 0.0) + jnp.log1p(e), sigmoid * dx
+        return x, -tanh_log_det(x)
 
 
 class Sigmoid(distrax.Sigmoid):
@@ -90,7 +50,7 @@ class Sigmoid(distrax.Sigmoid):
     """
 
     def forward_log_det_jacobian(self, x):
-        return -_softplus(x) - _softplus(-x)
+        return -softplus(x) - softplus(-x)
 
     def forward_and_log_det(self, x):
         return jax.nn.sigmoid(x), self.forward_log_det_jacobian(x)
@@ -157,9 +117,65 @@ class BoundedTanh(distrax.Bijector):
     def forward_and_log_det(self, x):
         low, high, center, half_range = self._bounds(jnp.shape(x))
         y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
-        return y, jnp.log(half_range) + _tanh_log_det(x)
+        return y, jnp.log(half_range) + tanh_log_det(x)
 
     def inverse_and_log_det(self, y):
         _, _, center, half_range = self._bounds(jnp.shape(y))
         x = jnp.arctanh((y - center) / half_range)
-        return x, -(jnp.log(half_range) + _tanh_log_det(x))
+        return x, -(jnp.log(half_range) + tanh_log_det(x))
+
+
+class Squashing(NamedTuple):
+    """What a bounded elementwise squashing is: ``y = center + half_range * tanh(x / k)``.
+
+    Attributes:
+        low: Lower bounds, a scalar or one per action dimension.
+        high: Upper bounds, the same shape.
+        pre_image_scale: ``k``: 1 for tanh and ``BoundedTanh``, 2 for sigmoid
+            (``sigmoid(x) = (1 + tanh(x / 2)) / 2``).
+    """
+
+    low: Float[Array, "*action"]
+    high: Float[Array, "*action"]
+    pre_image_scale: float
+
+    def distances(
+        self, action: Float[Array, "*batch action"], *, normalized: bool = False
+    ) -> Float[Array, "*batch action"]:
+        """``min(action - low, high - action)`` per dimension, over the half range if
+        ``normalized``."""
+        low = jnp.broadcast_to(jnp.asarray(self.low, action.dtype), action.shape)
+        high = jnp.broadcast_to(jnp.asarray(self.high, action.dtype), action.shape)
+        distance = jnp.minimum(action - low, high - action)
+        return distance / ((high - low) / 2) if normalized else distance
+
+
+def squashing(bijector) -> Squashing | None:
+    """The bounds of a tanh-family elementwise bijector, or ``None`` if it is not one.
+
+    Accepts the bijector itself or the ``distrax.Block`` that ``SquashedNormal``
+    wraps it in: ``samplers.Tanh`` and ``distrax.Tanh`` onto ``[-1, 1]``,
+    ``BoundedTanh`` onto its bounds, ``samplers.Sigmoid`` and ``distrax.Sigmoid``
+    onto ``[0, 1]``.
+
+    Example:
+        >>> import distrax
+        >>> squashing(distrax.Block(distrax.Sigmoid(), 1)).pre_image_scale
+        2.0
+    """
+    if isinstance(bijector, distrax.Block):
+        bijector = bijector.bijector
+    if isinstance(bijector, distrax.Tanh):
+        return Squashing(jnp.asarray(-1.0), jnp.asarray(1.0), 1.0)
+    if isinstance(bijector, BoundedTanh):
+        return Squashing(bijector.low, bijector.high, 1.0)
+    if isinstance(bijector, distrax.Sigmoid):
+        return Squashing(jnp.asarray(0.0), jnp.asarray(1.0), 2.0)
+    return None
+
+
+def bijector_name(bijector) -> str:
+    """The class name of an elementwise bijector, unwrapping a ``distrax.Block``."""
+    if isinstance(bijector, distrax.Block):
+        bijector = bijector.bijector
+    return type(bijector).__name__

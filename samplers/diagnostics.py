@@ -13,9 +13,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
-from samplers.bijectors import BoundedTanh
+from samplers.bijectors import BoundedTanh, bijector_name, squashing
 from samplers.distributions import SquashedNormal
-from samplers.inverse import _bijector_name, _squashing
 
 
 def saturation_fraction(
@@ -98,11 +97,11 @@ def bound_distance(
         if isinstance(dist_or_bijector, SquashedNormal)
         else dist_or_bijector
     )
-    squashing = _squashing(bijector)
-    if squashing is None:
+    bounds = squashing(bijector)
+    if bounds is None:
         raise TypeError(
             f"bound_distance needs a bounded squashing (samplers.Tanh, distrax.Tanh, "
-            f"samplers.BoundedTanh or distrax.Sigmoid), got {_bijector_name(bijector)}."
+            f"samplers.BoundedTanh or distrax.Sigmoid), got {bijector_name(bijector)}."
         )
     action = _checks.float_array("action", action)
     if action.ndim < 1:
@@ -110,15 +109,7 @@ def bound_distance(
             "action must have shape [*batch, action], got a scalar; add the action axis "
             "with action[None]."
         )
-    return jnp.min(_bound_distances(squashing, action, normalized=normalized), axis=-1)
-
-
-def _bound_distances(squashing, action, *, normalized: bool = False):
-    """``min(action - low, high - action)`` per dimension (over the half range if normalized)."""
-    low = jnp.broadcast_to(jnp.asarray(squashing.low, action.dtype), action.shape)
-    high = jnp.broadcast_to(jnp.asarray(squashing.high, action.dtype), action.shape)
-    distance = jnp.minimum(action - low, high - action)
-    return distance / ((high - low) / 2) if normalized else distance
+    return jnp.min(bounds.distances(action, normalized=normalized), axis=-1)
 
 
 def ppo_log_ratio_stats(
@@ -254,8 +245,8 @@ def _check_same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> None:
     if type(f) is type(g) and f.same_as(g):
         return
     raise ValueError(
-        f"p and q must share their bijector, got {_bijector_name(f)} and "
-        f"{_bijector_name(g)} that cannot be shown to be the same map; build both "
+        f"p and q must share their bijector, got {bijector_name(f)} and "
+        f"{bijector_name(g)} that cannot be shown to be the same map; build both "
         f"with the same bijector instance."
     )
 

@@ -15,8 +15,8 @@ from flax import nnx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.sampler import ActionSampler, _Constant
-from samplers.types import StatefulModuleOutput
+from samplers.sampler import ActionSampler
+from samplers.types import StatefulModuleOutput, Static
 
 
 class DistributionSampler(ActionSampler):
@@ -77,7 +77,7 @@ class DistributionSampler(ActionSampler):
             )
         self.rng = _checks.rngs(rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
-        self._make_distribution = _Constant(make_distribution)
+        self._make_distribution = Static(make_distribution)
         self.per_env_streams = bool(per_env_streams)
         self.deterministic = False
 

@@ -8,7 +8,6 @@ entropy estimate. Functions of arrays and keys only; no state.
 """
 
 import functools
-import math
 from collections.abc import Callable
 
 import distrax
@@ -18,9 +17,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.bijectors import Tanh, _softplus
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+from samplers._numerics import HALF_LOG_2PI, softplus
+from samplers.bijectors import Tanh
 
 
 class SquashedNormal(distrax.Transformed):
@@ -233,7 +231,7 @@ def _log_prob_forward(log_det, x, loc, scale, *params):
     # (-0.5 * z) * z, not -0.5 * (z * z): sharing z * z with d_scale below makes
     # XLA's CPU backend fuse a PPO loss step into loops about 1.2x slower.
     log_prob = jnp.sum(
-        -0.5 * standardized * standardized - (_HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
+        -0.5 * standardized * standardized - (HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
     )
     d_loc = standardized * inverse_scale
     d_x = -d_loc - log_det_vjp(jnp.ones_like(log_dets))[0]
@@ -269,7 +267,7 @@ def _entropy_estimate_forward(log_det, num_samples, loc, scale, eps, *params):
     # eps has a leading sample axis; the estimate averages over it.
     log_dets, log_det_vjp = jax.vjp(log_det, loc[None] + scale[None] * eps, *params)
     mean_log_det = jnp.mean(log_dets, axis=0)
-    entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(scale) + mean_log_det, axis=-1)
+    entropy = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(scale) + mean_log_det, axis=-1)
     derivative = log_det_vjp(jnp.ones_like(log_dets))[0]
     d_loc = jnp.mean(derivative, axis=0)
     d_scale = 1.0 / scale + jnp.mean(derivative * eps, axis=0)
@@ -336,7 +334,7 @@ def squashed_normal(
         mean_and_std = mean_and_std.astype(jnp.float32)
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
     # Floored at the smallest normal float: below it XLA flushes the std to zero.
-    std = jnp.maximum((_softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
+    std = jnp.maximum((softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
     return SquashedNormal(mean, std, bijector)
 
 

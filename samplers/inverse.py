@@ -9,47 +9,14 @@ float32 represents exactly near a bound, and clamps only actions that lie on a
 bound.
 """
 
-from typing import NamedTuple
-
-import distrax
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
-from samplers.bijectors import BoundedTanh
-from samplers.distributions import _HALF_LOG_2PI, SquashedNormal
-
-
-class _Squashing(NamedTuple):
-    """``y = center + half_range * tanh(x / pre_image_scale)`` onto ``[low, high]``."""
-
-    low: Float[Array, "*action"]
-    high: Float[Array, "*action"]
-    pre_image_scale: float
-
-
-def _squashing(bijector) -> _Squashing | None:
-    """The tanh-family parameters of an elementwise bijector, or ``None``.
-
-    Accepts the bijector itself or the ``distrax.Block`` that ``SquashedNormal``
-    wraps it in. ``distrax.Sigmoid`` is ``tanh(x / 2)`` onto ``[0, 1]``.
-    """
-    if isinstance(bijector, distrax.Block):
-        bijector = bijector.bijector
-    if isinstance(bijector, distrax.Tanh):
-        return _Squashing(jnp.asarray(-1.0), jnp.asarray(1.0), 1.0)
-    if isinstance(bijector, BoundedTanh):
-        return _Squashing(bijector.low, bijector.high, 1.0)
-    if isinstance(bijector, distrax.Sigmoid):
-        return _Squashing(jnp.asarray(0.0), jnp.asarray(1.0), 2.0)
-    return None
-
-
-def _bijector_name(bijector) -> str:
-    if isinstance(bijector, distrax.Block):
-        bijector = bijector.bijector
-    return type(bijector).__name__
+from samplers._numerics import HALF_LOG_2PI
+from samplers.bijectors import bijector_name, squashing
+from samplers.distributions import SquashedNormal
 
 
 def log_prob_from_action(
@@ -122,11 +89,11 @@ def log_prob_from_action(
             f"dist must be a samplers.SquashedNormal, got {type(dist).__name__}; build it "
             f"with samplers.normal_tanh or samplers.squashed_normal."
         )
-    squashing = _squashing(dist.bijector)
-    if squashing is None or squashing.pre_image_scale != 1.0:
+    bounds = squashing(dist.bijector)
+    if bounds is None or bounds.pre_image_scale != 1.0:
         raise TypeError(
             f"log_prob_from_action supports samplers.Tanh, distrax.Tanh and "
-            f"samplers.BoundedTanh, got {_bijector_name(dist.bijector)}; for other bijectors "
+            f"samplers.BoundedTanh, got {bijector_name(dist.bijector)}; for other bijectors "
             f"use dist.log_prob(action), or store the pre-image when sampling and score it "
             f"with dist.log_prob_from_pre_image."
         )
@@ -145,8 +112,8 @@ def log_prob_from_action(
             )
     dtype = jnp.result_type(action, dist.loc)
     action = action.astype(dtype)
-    low = jnp.broadcast_to(jnp.asarray(squashing.low, dtype), action.shape)
-    high = jnp.broadcast_to(jnp.asarray(squashing.high, dtype), action.shape)
+    low = jnp.broadcast_to(jnp.asarray(bounds.low, dtype), action.shape)
+    high = jnp.broadcast_to(jnp.asarray(bounds.high, dtype), action.shape)
     half_range = (high - low) / 2
     floor_low, floor_high = _distance_floors(low, high, half_range, min_distance)
     to_low, to_high = action - low, high - action
@@ -161,7 +128,7 @@ def log_prob_from_action(
     log_det = log_to_low + log_to_high - jnp.log(half_range)
     loc, scale = (jnp.broadcast_to(a, action.shape) for a in (dist.loc, dist.scale))
     standardized = (pre_image - loc) / scale
-    log_normal = -0.5 * jnp.square(standardized) - (_HALF_LOG_2PI + jnp.log(scale))
+    log_normal = -0.5 * jnp.square(standardized) - (HALF_LOG_2PI + jnp.log(scale))
     return jnp.sum(log_normal - log_det, axis=-1)
 
 

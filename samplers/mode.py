@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from samplers.bijectors import bijector_name, squashing
 from samplers.distributions import SquashedNormal
-from samplers.inverse import _bijector_name, _squashing
 
 # 64 halvings shrink the bracket [|m|, |m| + 2 s**2] by 2**-64, past float32 resolution
 # of the root unless it lies within ~1e-19 * s**2 of zero, where the gap is negligible.
@@ -64,14 +64,14 @@ def mode_pre_image(dist: SquashedNormal) -> Float[Array, "*batch action"]:
             f"dist must be a samplers.SquashedNormal, got {type(dist).__name__}; build it "
             f"with samplers.normal_tanh or samplers.squashed_normal."
         )
-    squashing = _squashing(dist.bijector)
-    if squashing is None:
+    bounds = squashing(dist.bijector)
+    if bounds is None:
         raise TypeError(
             f"mode supports samplers.Tanh, distrax.Tanh, samplers.BoundedTanh and "
-            f"distrax.Sigmoid, got {_bijector_name(dist.bijector)}; for the identity the "
+            f"distrax.Sigmoid, got {bijector_name(dist.bijector)}; for the identity the "
             f"mode is dist.loc."
         )
-    k = squashing.pre_image_scale
+    k = bounds.pre_image_scale
     loc = jax.lax.stop_gradient(dist.loc) / k
     scale = jax.lax.stop_gradient(dist.scale) / k
     return k * _signed_largest_root(loc, 2.0 * jnp.square(scale))

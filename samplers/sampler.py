@@ -28,11 +28,9 @@ from jax.experimental import checkify
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.bijectors import Tanh
-from samplers.diagnostics import _bound_distances
+from samplers.bijectors import Tanh, squashing
 from samplers.distributions import SquashedNormal, squashed_normal
-from samplers.inverse import _squashing
-from samplers.types import StatefulModule, StatefulModuleOutput
+from samplers.types import StatefulModule, StatefulModuleOutput, Static
 
 # Each entropy estimator and its default number of samples or quadrature nodes.
 _ENTROPY_POINTS = {"sample": 1, "quadrature": 8, "base": 1}
@@ -207,7 +205,7 @@ class SquashedNormalSampler(ActionSampler):
         self.entropy_points = _checks.positive_int(
             "entropy_points", _ENTROPY_POINTS[entropy] if entropy_points is None else entropy_points
         )
-        self._bijector = _Constant(distrax.as_bijector(bijector))
+        self._bijector = Static(distrax.as_bijector(bijector))
         self.checked = bool(checked)
         self.per_env_streams = bool(per_env_streams)
         self.log_ratio_metrics = bool(log_ratio_metrics)
@@ -282,9 +280,9 @@ class SquashedNormalSampler(ActionSampler):
 
     def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
         metrics = {"mu": dist.loc, "sigma": dist.scale}
-        squashing = _squashing(self.bijector)
-        if squashing is not None:
-            distances = _bound_distances(squashing, action)
+        bounds = squashing(self.bijector)
+        if bounds is not None:
+            distances = bounds.distances(action)
             metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
             metrics["bound_distance"] = jnp.min(distances, axis=-1)
         if old_log_likelihood is not None:
@@ -503,18 +501,6 @@ def _split_env_keys(keys, batch_shape: tuple[int, ...]):
         )
     split = jax.vmap(lambda key: jax.random.split(key, 3))(keys.reshape(-1))
     return tuple(split[:, i].reshape(batch_shape) for i in range(3))
-
-
-class _Constant:
-    """Keeps a value out of the module's state: nnx treats it as static configuration.
-
-    Bounds and other bijector parameters are settings, like ``min_std``; held as
-    state they would block ``nnx.update`` (distrax bijectors are immutable pytrees).
-    Compared by identity, so ``nnx.jit`` traces once per sampler.
-    """
-
-    def __init__(self, value):
-        self.value = value
 
 
 def _replayed(rollout_extras, action_shape: tuple[int, ...]) -> Float[Array, "*batch action"]:
