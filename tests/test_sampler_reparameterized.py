@@ -1,0 +1,238 @@
+"""``reparameterized=True``: the pathwise gradient of an SAC/TD3-style actor loss.
+
+The oracles are written here from the maths in float64 NumPy: the action
+``tanh(mean + std * eps)`` for the noise ``eps`` that the sampler's first key
+draws, the log-likelihood by the change of variables, and the actor loss's
+gradient both by hand (the chain rule written out) and by central finite
+differences.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+
+A = 3
+ALPHA = 0.2
+MIN_STD, STD_SCALE = 1e-3, 1.5
+# The made-up critic: Q(a) = -sum(W * (a - T)**2), per batch element.
+W = np.array([1.0, 0.5, 2.0])
+T = np.array([0.3, -0.8, 0.9])
+
+
+def _critic(action):
+    weight, target = (jnp.broadcast_to(jnp.asarray(a, action.dtype), action.shape) for a in (W, T))
+    return -jnp.sum(weight * jnp.square(action - target), -1)
+
+
+def _actor_loss(head, mean_and_std):
+    out = head((), mean_and_std)
+    return jnp.sum(ALPHA * out.output["log_likelihood"] - _critic(out.output["action"]))
+
+
+def _noise(seed, shape):
+    """The sampler's noise: it draws its first key from the stream for the sample."""
+    return np.asarray(jax.random.normal(nnx.Rngs(seed)(), shape), np.float64)
+
+
+def _loss_float64(mean_and_std, eps):
+    mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, axis=-1)
+    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    x = mean + std * eps
+    log_normal = -0.5 * eps**2 - np.log(std) - 0.5 * np.log(2 * np.pi)
+    log_sech2 = 2 * np.log(2.0) - 2 * np.logaddexp(x, -x)
+    log_likelihood = np.sum(log_normal - log_sech2, -1)
+    critic = -np.sum(W * (np.tanh(x) - T) ** 2, -1)
+    return np.sum(ALPHA * log_likelihood - critic)
+
+
+def _pathwise_gradient_float64(mean_and_std, eps):
+    """The chain rule written out through ``x = mean + std * eps``."""
+    mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, axis=-1)
+    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    x = mean + std * eps
+    tanh = np.tanh(x)
+    # d log_likelihood / dx at fixed eps: -d log sech(x)**2 / dx = 2 tanh(x).
+    d_x = ALPHA * 2 * tanh + 2 * W * (tanh - T) * (1 - tanh**2)
+    d_mean = d_x
+    d_std = d_x * eps - ALPHA / std
+    d_raw_std = d_std * STD_SCALE / (1 + np.exp(-raw_std))
+    return np.concatenate([d_mean, d_raw_std], -1)
+
+
+def _finite_difference_float64(mean_and_std, eps, step=1e-6):
+    mean_and_std = np.asarray(mean_and_std, np.float64)
+    gradient = np.zeros_like(mean_and_std)
+    for index in np.ndindex(mean_and_std.shape):
+        up, down = mean_and_std.copy(), mean_and_std.copy()
+        up[index] += step
+        down[index] -= step
+        gradient[index] = (_loss_float64(up, eps) - _loss_float64(down, eps)) / (2 * step)
+    return gradient
+
+
+def _head(seed=0, **options):
+    return samplers.NormalTanhSampler(
+        nnx.Rngs(seed), 0.0, MIN_STD, STD_SCALE, reparameterized=True, **options
+    )
+
+
+MEANS = {
+    "centre": np.array([[0.3, -0.5, 1.2], [-1.0, 0.0, 0.4]]),
+    "saturated": np.array([[10.0, -12.0, 20.0], [-15.0, 11.0, -30.0]]),
+}
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("where", list(MEANS))
+def test_actor_loss_gradient_is_the_pathwise_gradient(where, jitted):
+    raw_std = np.array([[-1.0, 0.0, 0.5], [0.2, -0.3, 1.0]])
+    mean_and_std = np.concatenate([MEANS[where], raw_std], -1).astype(np.float32)
+    eps = _noise(0, (2, A))
+    grad = nnx.grad(_actor_loss, argnums=1)
+    if jitted:
+        grad = nnx.jit(grad)
+    head = _head()
+    ours = np.asarray(grad(head, jnp.asarray(mean_and_std)))
+
+    pre_image = np.split(mean_and_std.astype(np.float64), 2, -1)[0] + eps * (
+        (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    )
+    if where == "saturated":
+        assert np.all(np.abs(pre_image) >= 8.5)
+        assert np.all(np.abs(np.tanh(pre_image.astype(np.float32))) == 1.0)
+    assert np.all(np.isfinite(ours))
+    np.testing.assert_allclose(
+        ours, _pathwise_gradient_float64(mean_and_std, eps), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        ours, _finite_difference_float64(mean_and_std, eps), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_the_log_likelihood_and_action_are_those_of_the_pathwise_sample():
+    mean_and_std = jnp.array([[0.3, -0.5, 1.2, -1.0, 0.0, 0.5]])
+    eps = _noise(0, (1, A))
+    out = _head()((), mean_and_std)
+    mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, -1)
+    x = mean + eps * (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    np.testing.assert_allclose(out.rollout_extras, x, rtol=1e-6)
+    np.testing.assert_allclose(out.output["action"], np.tanh(x), rtol=1e-6)
+
+
+def test_default_has_no_gradient_through_the_fresh_sample():
+    mean_and_std = jnp.array([[0.3, -0.5, 1.2, -1.0, 0.0, 0.5]])
+
+    def total_action(head, params):
+        return jnp.sum(head((), params).output["action"])
+
+    default = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0)
+    np.testing.assert_array_equal(nnx.grad(total_action, argnums=1)(default, mean_and_std), 0.0)
+    pathwise = nnx.grad(total_action, argnums=1)(_head(), mean_and_std)
+    assert np.all(pathwise[..., :A] > 0)  # d tanh(x) / d mean = 1 - tanh(x)**2
+
+
+def _sampler(kind, reparameterized):
+    options = {"reparameterized": reparameterized}
+    if kind == "tanh":
+        return samplers.NormalTanhSampler(nnx.Rngs(3), 0.01, **options)
+    if kind == "bounded":
+        bijector = samplers.BoundedTanh(-2.0, 2.0)
+        return samplers.SquashedNormalSampler(nnx.Rngs(3), 0.01, bijector=bijector, **options)
+    return samplers.StateIndependentSampler(nnx.Rngs(3), A, 0.01, **options)
+
+
+def _params(kind):
+    width = A if kind == "state-independent" else 2 * A
+    return 2.0 * jax.random.normal(jax.random.key(5), (4, width))
+
+
+def _outputs(out):
+    return [
+        out.output["action"],
+        out.output["log_likelihood"],
+        out.rollout_extras,
+        out.regularization_loss,
+        *out.metrics.values(),
+    ]
+
+
+KINDS = ["tanh", "bounded", "state-independent"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_and_stream_do_not_depend_on_the_flag(kind):
+    params = _params(kind)
+    default, pathwise = _sampler(kind, False), _sampler(kind, True)
+    for mode in ("train", "eval"):
+        for head in (default, pathwise):
+            head.eval() if mode == "eval" else head.train()
+        rollouts = [head((), params) for head in (default, pathwise)]
+        replays = [
+            head((), params + 0.1, rollouts[0].rollout_extras) for head in (default, pathwise)
+        ]
+        for ours, theirs in (rollouts, replays):
+            for a, b in zip(_outputs(ours), _outputs(theirs), strict=True):
+                np.testing.assert_array_equal(a, b)
+    assert int(default.rng.default.count[...]) == int(pathwise.rng.default.count[...]) == 2 + 2 + 1 + 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_replay_and_eval_gradients_do_not_depend_on_the_flag(kind):
+    params = _params(kind)
+
+    def loss(head, params, extras):
+        out = head((), params, extras)
+        return jnp.sum(out.output["log_likelihood"] - _critic(out.output["action"]))
+
+    stored = _sampler(kind, False)((), params).rollout_extras
+    for extras, deterministic in ((stored, False), (None, True), (stored, True)):
+        grads = []
+        for reparameterized in (False, True):
+            head = _sampler(kind, reparameterized)
+            head.set_attributes(deterministic=deterministic)
+            grads.append(nnx.grad(loss, argnums=(0, 1))(head, params, extras))
+        for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_state_independent_log_std_gets_the_pathwise_gradient():
+    head = samplers.StateIndependentSampler(
+        nnx.Rngs(0), A, 0.0, initial_std=0.7, reparameterized=True
+    )
+    mean = jnp.array([[0.3, -0.5, 1.2], [-1.0, 0.0, 0.4]])
+    eps = _noise(0, (2, A))
+
+    def loss(head):
+        return _actor_loss(head, mean)
+
+    ours = np.asarray(nnx.grad(loss)(head)["log_std"][...])
+    std = 0.7
+    x = np.asarray(mean, np.float64) + std * eps
+    tanh = np.tanh(x)
+    d_x = ALPHA * 2 * tanh + 2 * W * (tanh - T) * (1 - tanh**2)
+    expected = np.sum((d_x * eps - ALPHA / std) * std, axis=0)  # d std / d log_std = std
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_nnx_scan_over_steps_gives_the_python_loop_gradient():
+    sequence = 1.5 * jax.random.normal(jax.random.key(2), (5, 4, 2 * A))  # [T, B, 2A]
+
+    def looped(head, sequence):
+        return sum(_actor_loss(head, x) for x in sequence)
+
+    def scanned(head, sequence):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def step(head, x):
+            return head, _actor_loss(head, x)
+
+        _, losses = step(head, sequence)
+        return jnp.sum(losses)
+
+    expected = nnx.grad(looped, argnums=1)(_head(7), sequence)
+    ours = nnx.grad(scanned, argnums=1)(_head(7), sequence)
+    assert np.all(np.asarray(expected) != 0)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
