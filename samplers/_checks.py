@@ -17,6 +17,8 @@ def real_number(name: str, value, *, minimum=None, above=None) -> float:
         ValueError: ``value`` is not finite, or is below ``minimum`` or not above
             ``above``.
     """
+    if value is None:
+        raise TypeError(f"{name} is required; pass a real number.")
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
             f"{name} must be a concrete number, got a traced value {value}; "
@@ -77,14 +79,32 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
-def rngs(value) -> nnx.Rngs:
-    """Returns ``value`` after checking it is the ``nnx.Rngs`` a sampler draws from.
+def rngs(rng, rngs, collection) -> nnx.Rngs:
+    """The ``nnx.Rngs`` a sampler draws from, given positionally (``rng``) or as ``rngs=``.
 
     Raises:
-        TypeError: ``value`` is not an ``nnx.Rngs``.
+        TypeError: neither or both are given, the value is not an ``nnx.Rngs``,
+            or ``collection`` is not a string.
+        ValueError: the ``nnx.Rngs`` has neither a ``collection`` stream nor a
+            ``default`` one to fall back to.
     """
+    if rng is not None and rngs is not None:
+        raise TypeError("pass the random stream once, as rng or as rngs=, not both.")
+    value = rng if rngs is None else rngs
+    if value is None:
+        raise TypeError("a sampler needs a random stream: pass rngs=nnx.Rngs(0).")
     if not isinstance(value, nnx.Rngs):
         raise TypeError(
-            f"rng must be an nnx.Rngs, got {type(value).__name__}; pass e.g. nnx.Rngs(0)."
+            f"rngs must be an nnx.Rngs, got {type(value).__name__}; pass e.g. nnx.Rngs(0)."
         )
+    if not isinstance(collection, str):
+        raise TypeError(f"rng_collection must be a stream name, got {collection!r}.")
+    try:
+        value[collection]
+    except KeyError:
+        raise ValueError(
+            f"the nnx.Rngs has no stream named {collection!r} and no 'default' stream to fall "
+            f"back to (it has {sorted(value)}); pass nnx.Rngs({collection}=0) or "
+            f"rng_collection='<one of those>'."
+        ) from None
     return value

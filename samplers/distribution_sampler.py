@@ -36,8 +36,9 @@ class DistributionSampler(ActionSampler):
     Normals store the pre-image instead (:class:`samplers.SquashedNormalSampler`).
 
     Args:
-        rng: The stream to draw from; the sampler keeps and advances it.
-        entropy_weight: Weight of the entropy bonus, finite.
+        rng: The ``nnx.Rngs`` to draw from (or ``rngs=``); the sampler keeps and
+            advances it.
+        entropy_weight: Weight of the entropy bonus, finite (required).
         make_distribution: ``params -> distrax.Distribution``, a pure function of
             the network output.
         per_env_streams: If True, one random stream per environment in the carry
@@ -45,6 +46,9 @@ class DistributionSampler(ActionSampler):
             element then samples ``make_distribution(params[i])`` with its own
             key, so ``make_distribution`` must also accept one element's
             parameters.
+        rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
+        rng_collection: The stream keys are drawn from, falling back to
+            ``default``; see :class:`samplers.ActionSampler`.
 
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs``, ``make_distribution`` is not
@@ -64,18 +68,21 @@ class DistributionSampler(ActionSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
-        entropy_weight: float,
-        make_distribution: Callable[[Array], distrax.Distribution],
+        rng: nnx.Rngs | None = None,
+        entropy_weight: float | None = None,
+        make_distribution: Callable[[Array], distrax.Distribution] | None = None,
         *,
         per_env_streams: bool = False,
+        rngs: nnx.Rngs | None = None,
+        rng_collection: str = "action",
     ):
         if not callable(make_distribution):
             raise TypeError(
                 f"make_distribution must be a function params -> distrax distribution, got "
                 f"{type(make_distribution).__name__}."
             )
-        self.rng = _checks.rngs(rng)
+        self.rng = _checks.rngs(rng, rngs, rng_collection)
+        self.rng_collection = rng_collection
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self._make_distribution = Static(make_distribution)
         self.per_env_streams = bool(per_env_streams)

@@ -39,7 +39,11 @@ _ENTROPY_POINTS = {"sample": 1, "quadrature": 8, "base": 1}
 class ActionSampler(StatefulModule, abc.ABC):
     """A policy head: distribution parameters in, an action out.
 
-    Subclasses hold the ``nnx.Rngs`` they draw from as ``rng``.
+    Subclasses hold the ``nnx.Rngs`` they draw from as ``rng`` and take their
+    keys from its stream named ``rng_collection`` (``"action"`` by default), which
+    falls back to the ``default`` stream as flax's own layers do: with
+    ``nnx.Rngs(0)`` the keys come from ``default``; with
+    ``nnx.Rngs(params=0, action=1)`` from ``action``.
 
     Attributes:
         deterministic: If True (``module.eval()``), act with the distribution's
@@ -48,6 +52,8 @@ class ActionSampler(StatefulModule, abc.ABC):
             (see :meth:`initialize_state`); otherwise it is ``()``.
     """
 
+    rng: nnx.Rngs
+    rng_collection: str = "action"
     deterministic: bool = False
     per_env_streams: bool = False
 
@@ -78,7 +84,8 @@ class ActionSampler(StatefulModule, abc.ABC):
         """
         if not self.per_env_streams:
             return ()
-        return jax.random.split(self.rng(), _checks.positive_int("batch_size", batch_size))
+        batch_size = _checks.positive_int("batch_size", batch_size)
+        return jax.random.split(self._draw(), batch_size)
 
     def reset_state(self, prev_state: tuple[()] | PRNGKeyArray) -> tuple[()] | PRNGKeyArray:
         """``()``, or with ``per_env_streams`` the same keys: a stream runs across episodes."""
@@ -94,8 +101,11 @@ class ActionSampler(StatefulModule, abc.ABC):
         """
         if self.per_env_streams:
             return _split_env_keys(state, batch_shape)
-        sample_key = None if self.deterministic else self.rng()
-        return (), sample_key, self.rng()
+        sample_key = None if self.deterministic else self._draw()
+        return (), sample_key, self._draw()
+
+    def _draw(self) -> PRNGKeyArray:
+        return self.rng[self.rng_collection]()
 
 
 class SquashedNormalSampler(ActionSampler):
@@ -122,8 +132,9 @@ class SquashedNormalSampler(ActionSampler):
     them into clip fractions.
 
     Args:
-        rng: The stream to draw from; the sampler keeps and advances it.
-        entropy_weight: Weight of the entropy bonus, finite.
+        rng: The ``nnx.Rngs`` to draw from (or pass it as ``rngs=``, flax's
+            keyword); the sampler keeps and advances it.
+        entropy_weight: Weight of the entropy bonus, finite (required).
         bijector: Elementwise squashing, e.g. ``samplers.BoundedTanh(low, high)``,
             ``distrax.Sigmoid()`` or ``distrax.Lambda(lambda x: x)``.
         min_std: Floor added to the softplus, ``>= 0``.
@@ -166,10 +177,15 @@ class SquashedNormalSampler(ActionSampler):
             ``f(mean)`` are scored as given. In both modes ``rollout_extras`` is
             the pre-image, without gradient: what a PPO loss replays, and what an
             off-policy buffer may keep beside the action.
+        rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``, not both.
+        rng_collection: The name of the stream keys are drawn from; an
+            ``nnx.Rngs`` without it falls back to its ``default`` stream.
 
     Raises:
-        TypeError: ``rng`` is not an ``nnx.Rngs`` or an option is not a number.
-        ValueError: an option is out of range or not finite.
+        TypeError: no stream, or both ``rng`` and ``rngs``, or not an
+            ``nnx.Rngs``, or an option is not a number.
+        ValueError: an option is out of range or not finite, or the
+            ``nnx.Rngs`` has neither the ``rng_collection`` stream nor ``default``.
 
     Example:
         >>> import distrax, jax.numpy as jnp, samplers
@@ -182,8 +198,8 @@ class SquashedNormalSampler(ActionSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
-        entropy_weight: float,
+        rng: nnx.Rngs | None = None,
+        entropy_weight: float | None = None,
         *,
         bijector: distrax.Bijector | Callable,
         min_std: float = 1e-3,
@@ -194,8 +210,11 @@ class SquashedNormalSampler(ActionSampler):
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
         reparameterized: bool = False,
+        rngs: nnx.Rngs | None = None,
+        rng_collection: str = "action",
     ):
-        self.rng = _checks.rngs(rng)
+        self.rng = _checks.rngs(rng, rngs, rng_collection)
+        self.rng_collection = rng_collection
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
         self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
@@ -331,8 +350,9 @@ class NormalTanhSampler(SquashedNormalSampler):
     """Samples ``tanh(x)``, ``x ~ N(mean, std)``: :class:`SquashedNormalSampler` with tanh.
 
     Args:
-        rng: The stream to draw from; the sampler keeps and advances it.
-        entropy_weight: Weight of the entropy bonus, finite.
+        rng: The ``nnx.Rngs`` to draw from (or ``rngs=``); the sampler keeps and
+            advances it.
+        entropy_weight: Weight of the entropy bonus, finite (required).
         min_std: Floor added to the softplus, ``>= 0``.
         std_scale: Factor applied to the std, ``> 0``.
         entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
@@ -345,6 +365,9 @@ class NormalTanhSampler(SquashedNormalSampler):
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
         reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
             and TD3-style actor losses); see :class:`SquashedNormalSampler`.
+        rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
+        rng_collection: The stream keys are drawn from, falling back to
+            ``default``; see :class:`ActionSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -361,8 +384,8 @@ class NormalTanhSampler(SquashedNormalSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
-        entropy_weight: float,
+        rng: nnx.Rngs | None = None,
+        entropy_weight: float | None = None,
         min_std: float = 1e-3,
         std_scale: float = 1.0,
         *,
@@ -372,6 +395,8 @@ class NormalTanhSampler(SquashedNormalSampler):
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
         reparameterized: bool = False,
+        rngs: nnx.Rngs | None = None,
+        rng_collection: str = "action",
     ):
         super().__init__(
             rng,
@@ -385,6 +410,8 @@ class NormalTanhSampler(SquashedNormalSampler):
             per_env_streams=per_env_streams,
             log_ratio_metrics=log_ratio_metrics,
             reparameterized=reparameterized,
+            rngs=rngs,
+            rng_collection=rng_collection,
         )
 
 
@@ -397,9 +424,10 @@ class StateIndependentSampler(SquashedNormalSampler):
     entropy estimators and the bijector work as in :class:`SquashedNormalSampler`.
 
     Args:
-        rng: The stream to draw from; the sampler keeps and advances it.
-        action_dim: Number of action dimensions.
-        entropy_weight: Weight of the entropy bonus, finite.
+        rng: The ``nnx.Rngs`` to draw from (or ``rngs=``); the sampler keeps and
+            advances it.
+        action_dim: Number of action dimensions (required).
+        entropy_weight: Weight of the entropy bonus, finite (required).
         bijector: Elementwise squashing (default ``samplers.Tanh()``).
         initial_std: The std before training, ``> 0``.
         entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
@@ -412,6 +440,9 @@ class StateIndependentSampler(SquashedNormalSampler):
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
         reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
             and TD3-style actor losses); see :class:`SquashedNormalSampler`.
+        rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
+        rng_collection: The stream keys are drawn from, falling back to
+            ``default``; see :class:`ActionSampler`.
 
     Raises:
         TypeError: an option is not a number of the right kind.
@@ -429,9 +460,9 @@ class StateIndependentSampler(SquashedNormalSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
-        action_dim: int,
-        entropy_weight: float,
+        rng: nnx.Rngs | None = None,
+        action_dim: int | None = None,
+        entropy_weight: float | None = None,
         *,
         bijector: distrax.Bijector | Callable | None = None,
         initial_std: float = 1.0,
@@ -441,6 +472,8 @@ class StateIndependentSampler(SquashedNormalSampler):
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
         reparameterized: bool = False,
+        rngs: nnx.Rngs | None = None,
+        rng_collection: str = "action",
     ):
         super().__init__(
             rng,
@@ -452,6 +485,8 @@ class StateIndependentSampler(SquashedNormalSampler):
             per_env_streams=per_env_streams,
             log_ratio_metrics=log_ratio_metrics,
             reparameterized=reparameterized,
+            rngs=rngs,
+            rng_collection=rng_collection,
         )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)

@@ -264,10 +264,10 @@ def test_odd_input_is_refused_by_the_module():
     [
         ({"entropy_weight": float("inf")}, ValueError, r"entropy_weight must be finite, got inf"),
         ({"entropy_weight": float("nan")}, ValueError, r"entropy_weight must be finite, got nan"),
-        ({"entropy_weight": None}, TypeError, r"entropy_weight must be a real number, got None"),
+        ({"entropy_weight": None}, TypeError, r"entropy_weight is required; pass a real number"),
         ({"min_std": -1e-3}, ValueError, r"min_std must be >= 0.0, got -0.001"),
         ({"std_scale": -1.0}, ValueError, r"std_scale must be > 0.0, got -1.0"),
-        ({"rng": 0}, TypeError, r"rng must be an nnx.Rngs, got int; pass e.g. nnx.Rngs\(0\)"),
+        ({"rng": 0}, TypeError, r"rngs must be an nnx.Rngs, got int; pass e.g. nnx.Rngs\(0\)"),
     ],
 )
 def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
@@ -608,3 +608,101 @@ def test_log_ratio_metrics_refuse_the_other_kind_of_rollout_extras():
     extras["log_likelihood"] = extras["log_likelihood"][:2]
     with pytest.raises(ValueError, match=r"must have the batch shape \(4,\), got \(2,\)"):
         with_ratio((), inputs, extras)
+
+
+def _all_samplers(**stream):
+    return [
+        samplers.NormalTanhSampler(entropy_weight=0.01, **stream),
+        samplers.SquashedNormalSampler(
+            entropy_weight=0.01, bijector=samplers.BoundedTanh(-2.0, 2.0), **stream
+        ),
+        samplers.StateIndependentSampler(action_dim=A, entropy_weight=0.01, **stream),
+        samplers.DistributionSampler(
+            entropy_weight=0.01,
+            make_distribution=lambda p: distrax.Independent(distrax.Normal(p, 1.0), 1),
+            **stream,
+        ),
+    ]
+
+
+def _sampler_inputs(head):
+    width = (
+        A
+        if isinstance(head, samplers.StateIndependentSampler | samplers.DistributionSampler)
+        else 2 * A
+    )
+    return _inputs((4,))[..., :width]
+
+
+def test_samplers_take_flax_rngs_keyword_and_give_the_positional_outputs():
+    keyword = _all_samplers(rngs=nnx.Rngs(5))
+    positional = _all_samplers(rng=nnx.Rngs(5))
+    for ours, theirs in zip(keyword, positional, strict=True):
+        x = _sampler_inputs(ours)
+        for a, b in zip(jax.tree.leaves(ours((), x)), jax.tree.leaves(theirs((), x)), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_samplers_draw_from_the_action_stream_and_fall_back_to_default():
+    named = nnx.Rngs(params=0, action=1)
+    for head in _all_samplers(rngs=named):
+        before = int(named.action.count[...])
+        head((), _sampler_inputs(head))
+        assert int(named.action.count[...]) == before + 2
+    assert int(named.params.count[...]) == 0
+    # The action stream seeded with 1 gives what the specified sampler draws from nnx.Rngs(1).
+    head = samplers.NormalTanhSampler(entropy_weight=0.01, rngs=nnx.Rngs(params=0, action=1))
+    mean_and_std = _inputs((4,))
+    spec = reference.spec_sampler_call(nnx.Rngs(1), mean_and_std, **OPTIONS)
+    np.testing.assert_array_equal(head((), mean_and_std).output["action"], spec["action"])
+    other = nnx.Rngs(params=0, noise=3)
+    samplers.NormalTanhSampler(rngs=other, entropy_weight=0.01, rng_collection="noise")(
+        (), mean_and_std
+    )
+    assert int(other.noise.count[...]) == 2
+
+
+def test_a_flax_module_built_with_named_streams_holds_a_sampler():
+    class Actor(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.linear = nnx.Linear(5, 2 * A, rngs=rngs)
+            self.head = samplers.NormalTanhSampler(entropy_weight=0.0, rngs=rngs)
+
+        def __call__(self, obs):
+            return self.head((), self.linear(obs)).output["action"]
+
+    actor = Actor(nnx.Rngs(params=0, action=1))
+    first = nnx.jit(lambda actor, obs: actor(obs))(actor, jnp.ones((2, 5)))
+    second = nnx.jit(lambda actor, obs: actor(obs))(actor, jnp.ones((2, 5)))
+    assert first.shape == (2, A) and not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize(
+    "stream, error, message",
+    [
+        ({}, TypeError, r"a sampler needs a random stream: pass rngs=nnx.Rngs\(0\)"),
+        (
+            {"rng": nnx.Rngs(0), "rngs": nnx.Rngs(0)},
+            TypeError,
+            r"pass the random stream once, as rng or as rngs=, not both",
+        ),
+        (
+            {"rngs": nnx.Rngs(params=0)},
+            ValueError,
+            r"the nnx.Rngs has no stream named 'action' and no 'default' stream to fall back to "
+            r"\(it has \['params'\]\); pass nnx.Rngs\(action=0\)",
+        ),
+        (
+            {"rngs": nnx.Rngs(0), "rng_collection": 3},
+            TypeError,
+            r"rng_collection must be a stream name, got 3",
+        ),
+    ],
+)
+def test_a_missing_or_doubled_stream_is_refused(stream, error, message):
+    with pytest.raises(error, match=message):
+        samplers.NormalTanhSampler(entropy_weight=0.01, **stream)
+    with pytest.raises(error, match=message):
+        samplers.DistributionSampler(
+            entropy_weight=0.01, make_distribution=distrax.Normal, **stream
+        )
