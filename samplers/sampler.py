@@ -108,7 +108,164 @@ class ActionSampler(StatefulModule, abc.ABC):
         return self.rng[self.rng_collection]()
 
 
-class SquashedNormalSampler(ActionSampler):
+class _SquashedNormalHead(ActionSampler):
+    """What the squashed-Normal heads share: the call, replay, metrics and entropy.
+
+    A subclass says how its inputs become a distribution (:meth:`distribution`).
+    """
+
+    def __init__(
+        self,
+        rng,
+        entropy_weight,
+        *,
+        bijector,
+        entropy,
+        entropy_points,
+        checked,
+        per_env_streams,
+        log_ratio_metrics,
+        reparameterized,
+        rngs,
+        rng_collection,
+    ):
+        self.rng = _checks.rngs(rng, rngs, rng_collection)
+        self.rng_collection = rng_collection
+        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        if entropy not in _ENTROPY_POINTS:
+            raise ValueError(f"entropy must be one of {sorted(_ENTROPY_POINTS)}, got {entropy!r}.")
+        if entropy == "base" and entropy_points is not None:
+            raise ValueError(
+                f"entropy='base' is the Normal's closed-form entropy and takes no "
+                f"entropy_points, got {entropy_points!r}; drop it, or use entropy='sample' "
+                f"or 'quadrature'."
+            )
+        self.entropy = entropy
+        self.entropy_points = _checks.positive_int(
+            "entropy_points", _ENTROPY_POINTS[entropy] if entropy_points is None else entropy_points
+        )
+        self._bijector = Static(distrax.as_bijector(bijector))
+        self.checked = bool(checked)
+        self.per_env_streams = bool(per_env_streams)
+        self.log_ratio_metrics = bool(log_ratio_metrics)
+        self.reparameterized = bool(reparameterized)
+        self.deterministic = False
+
+    @property
+    def bijector(self) -> distrax.Bijector:
+        """The elementwise bijector; its parameters are constants, not module state."""
+        return self._bijector.value
+
+    @abc.abstractmethod
+    def distribution(self, inputs: Float[Array, "*batch params"], /) -> SquashedNormal:
+        """The distribution this sampler draws from for the given inputs."""
+
+    def __call__(
+        self,
+        state: tuple[()] | PRNGKeyArray,
+        mean_and_std: Float[Array, "*batch params"],
+        rollout_extras: Float[Array, "*batch action"] | dict | None = None,
+    ) -> StatefulModuleOutput:
+        """Samples a fresh action, or replays the pre-image in ``rollout_extras``.
+
+        Args:
+            state: ``()``, or with ``per_env_streams`` one key per batch element
+                (from :meth:`initialize_state` or the last call's ``next_state``).
+            mean_and_std: ``[mean | raw_std]``, shape ``[*batch, 2 * action]``
+                (for :class:`StateIndependentSampler`, the mean alone).
+            rollout_extras: ``None`` to sample; the ``rollout_extras`` of an
+                earlier call (shape ``[*batch, action]``, or the dict emitted
+                with ``log_ratio_metrics``) to replay it.
+
+        Raises:
+            ValueError: the replayed pre-image's shape is not the action shape,
+                or the per-environment keys do not match the batch shape.
+            TypeError: the replayed pre-image is not floating, or ``state`` is
+                not a key array when ``per_env_streams`` is set.
+        """
+        if self.checked:
+            _check_finite(mean_and_std)
+        dist = self.distribution(mean_and_std)
+        next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
+        old_log_likelihood = None
+        if rollout_extras is None and not self.deterministic:
+            pre_image = dist.sample_pre_image(seed=sample_key)
+            if not self.reparameterized:
+                pre_image = jax.lax.stop_gradient(pre_image)
+        elif rollout_extras is None:
+            pre_image = jax.lax.stop_gradient(dist.loc)
+        else:
+            pre_image, old_log_likelihood = self._unpack(rollout_extras, dist.loc.shape)
+            pre_image = jax.lax.stop_gradient(pre_image)
+        action, log_likelihood = dist.forward_and_log_prob(pre_image)
+        entropy = self._entropy(dist, entropy_key)
+        metrics = self._metrics(dist, action, log_likelihood, old_log_likelihood)
+        pre_image = jax.lax.stop_gradient(pre_image)
+        if self.log_ratio_metrics:
+            rollout_extras = {
+                "pre_image": pre_image,
+                "log_likelihood": jax.lax.stop_gradient(log_likelihood),
+            }
+        else:
+            rollout_extras = pre_image
+        return StatefulModuleOutput(
+            next_state=next_state,
+            output={"action": action, "log_likelihood": log_likelihood},
+            regularization_loss=-self.entropy_weight * entropy,
+            metrics=metrics,
+            rollout_extras=rollout_extras,
+        )
+
+    def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
+        metrics = {"mu": dist.loc, "sigma": dist.scale}
+        bounds = squashing(self.bijector)
+        if bounds is not None:
+            distances = bounds.distances(action)
+            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
+            metrics["bound_distance"] = jnp.min(distances, axis=-1)
+        if old_log_likelihood is not None:
+            log_ratio = log_likelihood - old_log_likelihood
+            metrics["log_ratio"] = log_ratio
+            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
+        return metrics
+
+    def _unpack(self, rollout_extras, action_shape):
+        """The stored pre-image, and the rollout's log-likelihood if it was stored."""
+        if not self.log_ratio_metrics:
+            if isinstance(rollout_extras, dict):
+                raise TypeError(
+                    f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
+                    f"sampler replays the stored pre-image array alone; pass "
+                    f"log_ratio_metrics=True to the sampler that emitted it."
+                )
+            return _replayed(rollout_extras, action_shape), None
+        if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
+            "pre_image",
+            "log_likelihood",
+        }:
+            raise TypeError(
+                f"with log_ratio_metrics=True, rollout_extras must be the dict "
+                f"{{'pre_image', 'log_likelihood'}} that the rollout call emitted, got "
+                f"{type(rollout_extras).__name__}."
+            )
+        old = rollout_extras["log_likelihood"]
+        old = _checks.float_array("rollout_extras['log_likelihood']", old)
+        if old.shape != action_shape[:-1]:
+            raise ValueError(
+                f"rollout_extras['log_likelihood'] must have the batch shape "
+                f"{action_shape[:-1]}, got {old.shape}."
+            )
+        return _replayed(rollout_extras["pre_image"], action_shape), old
+
+    def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
+        if self.entropy == "sample":
+            return dist.entropy_estimate(seed=key, num_samples=self.entropy_points)
+        if self.entropy == "quadrature":
+            return dist.entropy_quadrature(self.entropy_points)
+        return dist.distribution.entropy()
+
+
+class SquashedNormalSampler(_SquashedNormalHead):
     """Samples ``f(x)``, ``x ~ N(mean, std)``, for an elementwise distrax bijector ``f``.
 
     The input's last axis is ``[mean | raw_std]`` and
@@ -213,137 +370,27 @@ class SquashedNormalSampler(ActionSampler):
         rngs: nnx.Rngs | None = None,
         rng_collection: str = "action",
     ):
-        self.rng = _checks.rngs(rng, rngs, rng_collection)
-        self.rng_collection = rng_collection
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        super().__init__(
+            rng,
+            entropy_weight,
+            bijector=bijector,
+            entropy=entropy,
+            entropy_points=entropy_points,
+            checked=checked,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            reparameterized=reparameterized,
+            rngs=rngs,
+            rng_collection=rng_collection,
+        )
         self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
         self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
-        if entropy not in _ENTROPY_POINTS:
-            raise ValueError(f"entropy must be one of {sorted(_ENTROPY_POINTS)}, got {entropy!r}.")
-        self.entropy = entropy
-        self.entropy_points = _checks.positive_int(
-            "entropy_points", _ENTROPY_POINTS[entropy] if entropy_points is None else entropy_points
-        )
-        self._bijector = Static(distrax.as_bijector(bijector))
-        self.checked = bool(checked)
-        self.per_env_streams = bool(per_env_streams)
-        self.log_ratio_metrics = bool(log_ratio_metrics)
-        self.reparameterized = bool(reparameterized)
-        self.deterministic = False
-
-    @property
-    def bijector(self) -> distrax.Bijector:
-        """The elementwise bijector; its parameters are constants, not module state."""
-        return self._bijector.value
 
     def distribution(self, mean_and_std: Float[Array, "*batch params"]) -> SquashedNormal:
         """The distribution this sampler draws from for the given network output."""
         return squashed_normal(
             mean_and_std, self.bijector, min_std=self.min_std, std_scale=self.std_scale
         )
-
-    def __call__(
-        self,
-        state: tuple[()] | PRNGKeyArray,
-        mean_and_std: Float[Array, "*batch params"],
-        rollout_extras: Float[Array, "*batch action"] | dict | None = None,
-    ) -> StatefulModuleOutput:
-        """Samples a fresh action, or replays the pre-image in ``rollout_extras``.
-
-        Args:
-            state: ``()``, or with ``per_env_streams`` one key per batch element
-                (from :meth:`initialize_state` or the last call's ``next_state``).
-            mean_and_std: ``[mean | raw_std]``, shape ``[*batch, 2 * action]``.
-            rollout_extras: ``None`` to sample; the ``rollout_extras`` of an
-                earlier call (shape ``[*batch, action]``, or the dict emitted
-                with ``log_ratio_metrics``) to replay it.
-
-        Raises:
-            ValueError: the replayed pre-image's shape is not the action shape,
-                or the per-environment keys do not match the batch shape.
-            TypeError: the replayed pre-image is not floating, or ``state`` is
-                not a key array when ``per_env_streams`` is set.
-        """
-        if self.checked:
-            _check_finite(mean_and_std)
-        dist = self.distribution(mean_and_std)
-        next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
-        old_log_likelihood = None
-        if rollout_extras is None and not self.deterministic:
-            pre_image = dist.sample_pre_image(seed=sample_key)
-            if not self.reparameterized:
-                pre_image = jax.lax.stop_gradient(pre_image)
-        elif rollout_extras is None:
-            pre_image = jax.lax.stop_gradient(dist.loc)
-        else:
-            pre_image, old_log_likelihood = self._unpack(rollout_extras, dist.loc.shape)
-            pre_image = jax.lax.stop_gradient(pre_image)
-        action, log_likelihood = dist.forward_and_log_prob(pre_image)
-        entropy = self._entropy(dist, entropy_key)
-        metrics = self._metrics(dist, action, log_likelihood, old_log_likelihood)
-        pre_image = jax.lax.stop_gradient(pre_image)
-        if self.log_ratio_metrics:
-            rollout_extras = {
-                "pre_image": pre_image,
-                "log_likelihood": jax.lax.stop_gradient(log_likelihood),
-            }
-        else:
-            rollout_extras = pre_image
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output={"action": action, "log_likelihood": log_likelihood},
-            regularization_loss=-self.entropy_weight * entropy,
-            metrics=metrics,
-            rollout_extras=rollout_extras,
-        )
-
-    def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
-        metrics = {"mu": dist.loc, "sigma": dist.scale}
-        bounds = squashing(self.bijector)
-        if bounds is not None:
-            distances = bounds.distances(action)
-            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
-            metrics["bound_distance"] = jnp.min(distances, axis=-1)
-        if old_log_likelihood is not None:
-            log_ratio = log_likelihood - old_log_likelihood
-            metrics["log_ratio"] = log_ratio
-            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
-        return metrics
-
-    def _unpack(self, rollout_extras, action_shape):
-        """The stored pre-image, and the rollout's log-likelihood if it was stored."""
-        if not self.log_ratio_metrics:
-            if isinstance(rollout_extras, dict):
-                raise TypeError(
-                    f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
-                    f"sampler replays the stored pre-image array alone; pass "
-                    f"log_ratio_metrics=True to the sampler that emitted it."
-                )
-            return _replayed(rollout_extras, action_shape), None
-        if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
-            "pre_image",
-            "log_likelihood",
-        }:
-            raise TypeError(
-                f"with log_ratio_metrics=True, rollout_extras must be the dict "
-                f"{{'pre_image', 'log_likelihood'}} that the rollout call emitted, got "
-                f"{type(rollout_extras).__name__}."
-            )
-        old = rollout_extras["log_likelihood"]
-        old = _checks.float_array("rollout_extras['log_likelihood']", old)
-        if old.shape != action_shape[:-1]:
-            raise ValueError(
-                f"rollout_extras['log_likelihood'] must have the batch shape "
-                f"{action_shape[:-1]}, got {old.shape}."
-            )
-        return _replayed(rollout_extras["pre_image"], action_shape), old
-
-    def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
-        if self.entropy == "sample":
-            return dist.entropy_estimate(seed=key, num_samples=self.entropy_points)
-        if self.entropy == "quadrature":
-            return dist.entropy_quadrature(self.entropy_points)
-        return dist.distribution.entropy()
 
 
 class NormalTanhSampler(SquashedNormalSampler):
@@ -415,7 +462,7 @@ class NormalTanhSampler(SquashedNormalSampler):
         )
 
 
-class StateIndependentSampler(SquashedNormalSampler):
+class StateIndependentSampler(_SquashedNormalHead):
     """A squashed Normal whose std is a learned parameter, not a network output.
 
     The input is the mean alone, shape ``[*batch, action_dim]``; the std is
@@ -500,8 +547,12 @@ class StateIndependentSampler(SquashedNormalSampler):
                 f"the input must be the mean, shape [*batch, {self.action_dim}], got "
                 f"{mean.shape}; this sampler learns its std itself."
             )
-        scale = jnp.broadcast_to(jnp.exp(self.log_std[...]).astype(mean.dtype), mean.shape)
-        return SquashedNormal(mean, scale, self.bijector)
+        if jnp.finfo(mean.dtype).bits < 32:
+            mean = mean.astype(jnp.float32)  # as squashed_normal: low precision loses the tails
+        # Floored at the smallest normal float, as squashed_normal's std: below it XLA
+        # flushes the std to zero and the log-likelihood is NaN.
+        std = jnp.maximum(jnp.exp(self.log_std[...].astype(mean.dtype)), jnp.finfo(mean.dtype).tiny)
+        return SquashedNormal(mean, jnp.broadcast_to(std, mean.shape), self.bijector)
 
 
 def _check_finite(mean_and_std) -> None:

@@ -706,3 +706,31 @@ def test_a_missing_or_doubled_stream_is_refused(stream, error, message):
         samplers.DistributionSampler(
             entropy_weight=0.01, make_distribution=distrax.Normal, **stream
         )
+
+
+def test_state_independent_std_is_floored_and_low_precision_computes_in_float32():
+    head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)
+    head.log_std[...] = jnp.full((A,), -200.0)  # exp(-200) is 0 in float32
+    out = head((), jnp.zeros((4, A)))
+    np.testing.assert_array_equal(out.metrics["sigma"], np.finfo(np.float32).tiny)
+    assert np.all(np.isfinite(out.output["log_likelihood"]))
+    for dtype in (jnp.float16, jnp.bfloat16):
+        out = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)((), jnp.zeros((4, A), dtype))
+        for leaf in jax.tree.leaves(out):
+            assert leaf.dtype == jnp.float32, dtype
+
+
+def test_state_independent_sampler_has_no_std_options_it_would_ignore():
+    head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)
+    assert not hasattr(head, "min_std") and not hasattr(head, "std_scale")
+    with pytest.raises(TypeError, match="min_std"):
+        samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, min_std=0.1)
+
+
+def test_base_entropy_refuses_entropy_points_it_would_ignore():
+    with pytest.raises(
+        ValueError,
+        match=r"entropy='base' is the Normal's closed-form entropy and "
+        r"takes no entropy_points, got 4",
+    ):
+        samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="base", entropy_points=4)
