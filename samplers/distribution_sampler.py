@@ -53,6 +53,10 @@ class DistributionSampler(ActionSampler):
     Raises:
         TypeError: ``rng`` is not an ``nnx.Rngs``, ``make_distribution`` is not
             callable or returns something other than a distrax distribution.
+        ValueError: (when called) the distribution's batch shape is not the
+            params' batch shape (all but their last axis), e.g. a
+            ``distrax.Normal`` over the action axis not wrapped in
+            ``distrax.Independent(..., 1)``.
 
     Example:
         >>> import distrax, jax.numpy as jnp, samplers
@@ -95,6 +99,14 @@ class DistributionSampler(ActionSampler):
             raise TypeError(
                 f"make_distribution must return a distrax.Distribution, got "
                 f"{type(dist).__name__}; wrap a TFP distribution with distrax.as_distribution."
+            )
+        params_batch = jnp.shape(params)[:-1]
+        if dist.batch_shape != params_batch:
+            raise ValueError(
+                f"make_distribution returned a distribution of batch shape {dist.batch_shape} "
+                f"for params of batch shape {params_batch} (all but the last axis), so the "
+                f"log-likelihood would have one value per action dimension; wrap it as "
+                f"distrax.Independent(dist, 1) to score the action vector as one event."
             )
         return dist
 

@@ -129,3 +129,21 @@ def test_per_env_streams_sample_each_environment_from_its_own_key(make, width):
     np.testing.assert_array_equal(replay.output["log_likelihood"], whole.output["log_likelihood"])
     assert _count(head) == 1  # initialize_state drew one key; calls draw none
     assert head.reset_state(keys) is keys
+
+
+def test_a_distribution_scored_per_action_dimension_is_refused():
+    def per_dimension(params):
+        mean, log_std = jnp.split(params, 2, axis=-1)
+        return distrax.Normal(mean, jnp.exp(log_std))  # batch shape [B, A], not [B]
+
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.01, per_dimension)
+    with pytest.raises(
+        ValueError,
+        match=r"make_distribution returned a distribution of batch shape \(4, 3\) for params of "
+        r"batch shape \(4,\) .* wrap it as distrax.Independent\(dist, 1\)",
+    ):
+        head((), jnp.zeros((4, 6)))
+    wrapped = samplers.DistributionSampler(
+        nnx.Rngs(0), 0.01, lambda p: distrax.Independent(per_dimension(p), 1)
+    )
+    assert wrapped((), jnp.zeros((4, 6))).output["log_likelihood"].shape == (4,)
