@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import core
 
 
 def real_number(name: str, value, *, minimum=None, above=None) -> float:
@@ -19,7 +20,7 @@ def real_number(name: str, value, *, minimum=None, above=None) -> float:
     """
     if value is None:
         raise TypeError(f"{name} is required; pass a real number.")
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, core.Tracer):
         raise TypeError(
             f"{name} must be a concrete number, got a traced value {value}; "
             f"pass it as a Python float, not as an argument of a jitted function."

@@ -188,7 +188,7 @@ class _SquashedNormalHead(ActionSampler):
         dist = self.distribution(mean_and_std)
         next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
         old_log_likelihood = None
-        if rollout_extras is None and not self.deterministic:
+        if rollout_extras is None and not self.deterministic and sample_key is not None:
             pre_image = dist.sample_pre_image(seed=sample_key)
             if not self.reparameterized:
                 pre_image = jax.lax.stop_gradient(pre_image)
@@ -262,7 +262,7 @@ class _SquashedNormalHead(ActionSampler):
             return dist.entropy_estimate(seed=key, num_samples=self.entropy_points)
         if self.entropy == "quadrature":
             return dist.entropy_quadrature(self.entropy_points)
-        return dist.distribution.entropy()
+        return jnp.asarray(dist.distribution.entropy())
 
 
 class SquashedNormalSampler(_SquashedNormalHead):
@@ -572,9 +572,7 @@ def _check_finite(mean_and_std) -> None:
 
 def _split_env_keys(keys, batch_shape: tuple[int, ...]):
     """Splits one key per batch element into (next keys, sample keys, entropy keys)."""
-    if not isinstance(keys, jax.Array) or not jax.dtypes.issubdtype(
-        keys.dtype, jax.dtypes.prng_key
-    ):
+    if not isinstance(keys, jax.Array) or not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         raise TypeError(
             f"with per_env_streams=True the state must be one key per environment, got "
             f"{type(keys).__name__}; pass sampler.initialize_state(batch_size) to the first "

@@ -162,7 +162,7 @@ def cross_check(
         )
     atol = _checks.real_number("atol", atol, minimum=0.0)
     rtol = _checks.real_number("rtol", rtol, minimum=0.0)
-    bijector = Tanh() if low is None else BoundedTanh(low, high)
+    bijector = Tanh() if low is None or high is None else BoundedTanh(low, high)
     low_np = np.atleast_1d(np.asarray(-1.0 if low is None else low, np.float64))
     high_np = np.atleast_1d(np.asarray(1.0 if high is None else high, np.float64))
     grid = np.array(list(itertools.product(_PRE_IMAGES, _MEANS, _STDS)))
