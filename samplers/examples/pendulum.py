@@ -398,7 +398,7 @@ def action_distributions(
         dist = model.head.distribution(jnp.broadcast_to(mean_and_std, (grid, 2)))
         offsets = jnp.linspace(-6.0, 6.0, grid)[:, None]
         pre_image = dist.loc + dist.scale * offsets
-        action = dist.bijector.forward(pre_image)[:, 0]
+        action = jnp.asarray(dist.bijector.forward(pre_image))[:, 0]
         density = jnp.exp(dist.log_prob_from_pre_image(pre_image)) / torque_scale
         deterministic = torque_scale * dist.deterministic_action()[0, 0]
         result.append(
