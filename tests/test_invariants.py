@@ -41,7 +41,8 @@ BATCH_SHAPES_DRAWN = st.sampled_from([(), (3,), (2, 3)])
 # One instance: nnx.jit treats the Lambda's function as static, a new one retraces.
 IDENTITY = distrax.Lambda(lambda x: x)
 
-PROPERTY = settings(max_examples=50, deadline=None)
+# The number of examples comes from the hypothesis profile (tests/conftest.py).
+PROPERTY = settings(deadline=None)
 
 
 def _float32_at_least(value: float) -> float:
@@ -241,7 +242,7 @@ def _fresh_jit_sampler(kind, min_std, std_scale):
 
 @pytest.mark.parametrize("min_std, std_scale", JIT_OPTIONS, ids=["default", "no-floor-x10"])
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=max(1, settings.default.max_examples // 2), deadline=None)
 @given(data=st.data())
 def test_rollout_and_replay_invariants_hold_under_nnx_jit(kind, min_std, std_scale, data):
     """The same invariants with rollout and loss pass compiled as separate programs."""
