@@ -2,12 +2,14 @@
 
 Every implementation runs in this one process, in interleaved rounds (a fresh
 random order each round), and each is reported as the median of its per-round
-ratio to the hand-written reference, with min and max. Writes
-``results/results.md`` and ``results/scaling.png``.
+ratio to the hand-written reference, with min and max. Runs on JAX's default
+device unless ``--device`` names another. Writes ``results/results.md``,
+``results/scaling.png`` and the raw medians in ``results/results.json``.
 """
 
 import argparse
 import datetime
+import json
 import math
 import platform
 import random
@@ -18,12 +20,13 @@ import time
 from pathlib import Path
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 import samplers
-from benchmarks import implementations
+from benchmarks import bandwidth, implementations
 
 _QUICK = {
     "batches": (1, 4096, 65536),
@@ -34,6 +37,10 @@ _QUICK = {
     "repeats": 3,
 }
 _FULL = {**_QUICK, "batches": (1, 256, 4096, 16384, 65536), "actions": (1, 8, 64), "rounds": 15}
+# Up to B = 2**20, for accelerators; the memory analysis at the largest size.
+_LARGE = {**_QUICK, "batches": (1, 2**12, 2**16, 2**18, 2**20), "memory_batch": 2**20}
+_WORKLOADS = ("rollout", "loss", "actor")
+_SATURATION_SHIFT = 12.0  # added to the means: |pre-tanh| >= 10, tanh rounds to 1
 # The settings the entropy estimators are compared at: (mean, std) of a 1-D policy.
 _ENTROPY_CASES = ((0.7, 1.3), (0.0, 4.0))
 _ESTIMATORS = {
@@ -83,7 +90,14 @@ def _summary(samples):
     return statistics.median(times), statistics.median(ratios), min(ratios), max(ratios)
 
 
-def _workloads(impls, batch, actions, rounds):
+def _actor_step(step):
+    """The jitted actor step: its value and gradient, or the floor's draw alone."""
+    if not step.differentiable:
+        return jax.jit(step.step)
+    return jax.jit(jax.value_and_grad(step.step, has_aux=True))
+
+
+def _workloads(impls, actor_steps, batch, actions, rounds):
     mean_and_std, raw, old, advantage = _inputs(batch, actions, jax.random.key(0))
     rollout, loss = {}, {}
     for impl in impls:
@@ -96,7 +110,29 @@ def _workloads(impls, batch, actions, rounds):
                 jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
                 (mean_and_std, raw, old, advantage, random_input),
             )
-    return {"rollout": _interleaved(rollout, rounds), "loss": _interleaved(loss, rounds)}
+    actor = {
+        step.name: (_actor_step(step), (mean_and_std, step.random_input(jax.random.key(1))))
+        for step in actor_steps
+    }
+    return {
+        "rollout": _interleaved(rollout, rounds),
+        "loss": _interleaved(loss, rounds),
+        "actor": _interleaved(actor, rounds),
+    }
+
+
+def _actor_saturation(actor_steps, batch, actions):
+    """Names of the actor steps whose value or gradient is not finite at saturated means."""
+    mean_and_std, *_ = _inputs(batch, actions, jax.random.key(0))
+    mean_and_std = mean_and_std.at[..., :actions].add(_SATURATION_SHIFT)
+    failing = []
+    for step in actor_steps:
+        if not step.differentiable:
+            continue
+        (value, _), grad = _actor_step(step)(mean_and_std, step.random_input(jax.random.key(1)))
+        if not (jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))):
+            failing.append(step.name)
+    return failing
 
 
 def _compile_seconds(impls, batch, repeats):
@@ -136,6 +172,18 @@ def _memory(impls, batch, actions=8):
         ]
         analyses = [step.memory_analysis() for step in steps]
         results[impl.name] = [a.temp_size_in_bytes + a.output_size_in_bytes for a in analyses]
+    return results
+
+
+def _actor_memory(actor_steps, batch, actions=8):
+    """Temporary plus output bytes of the compiled actor steps."""
+    mean_and_std, *_ = _inputs(batch, actions, jax.random.key(0))
+    results = {}
+    for step in actor_steps:
+        if step.differentiable:
+            compiled = _actor_step(step).lower(mean_and_std, step.random_input(jax.random.key(1)))
+            analysis = compiled.compile().memory_analysis()
+            results[step.name] = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
     return results
 
 
@@ -228,7 +276,7 @@ def _ratio_cell(summary):
     return f"{ratio:.2f} ({low:.2f}-{high:.2f})"
 
 
-def _plot(results, actions, path):
+def _plot(results, actions, path, bandwidth_tbs=None):
     try:
         import matplotlib
 
@@ -236,62 +284,144 @@ def _plot(results, actions, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for axis, workload in zip(axes, ("rollout", "loss"), strict=True):
+    names = list(dict.fromkeys(n for r in results.values() for w in _WORKLOADS for n in r[w]))
+    colors = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))  # same in each panel
+    figure, axes = plt.subplots(1, len(_WORKLOADS), figsize=(16, 4.4))
+    for axis, workload in zip(axes, _WORKLOADS, strict=True):
         cells = {b: r[workload] for (b, a), r in results.items() if a == actions}
         batches = sorted(cells)
         for name in cells[batches[0]]:
             times = [_summary(cells[b][name])[0] * 1e3 for b in batches]
             style = "--" if name.startswith("floor") else "-o"
-            axis.loglog(batches, times, style, label=name, markersize=4)
+            axis.loglog(batches, times, style, label=name, markersize=4, color=colors[name])
+        if bandwidth_tbs is not None:
+            floors = [
+                bandwidth.floor_seconds(workload, b, actions, bandwidth_tbs) * 1e3 for b in batches
+            ]
+            axis.loglog(batches, floors, ":k", label=f"bandwidth floor, {bandwidth_tbs:g} TB/s")
+            # At small batches the floor is picoseconds: keep the axis to the measured range.
+            fastest = min(_summary(cells[b][n])[0] for b in batches for n in cells[b]) * 1e3
+            axis.set_ylim(bottom=fastest / 3)
         axis.set(
             xlabel="batch size B",
             ylabel="ms per call (median)",
             title=f"{workload} step, A = {actions}",
         )
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    for axis in (axes[0], axes[-1]):  # the actor step has its own implementations
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
 
 
-def run(grid, out_dir):
-    """Runs the grid and writes ``results.md`` (and the plot) under ``out_dir``."""
-    out_dir = Path(out_dir)
+def select_device(name=None):
+    """The device to run on: JAX's default, or the first of platform ``name``.
+
+    ``name`` is ``cpu``, ``gpu``, ``tpu`` or a platform name such as ``cuda``.
+
+    Raises:
+        ValueError: no device of that platform is available here.
+    """
+    if name is None:
+        return jax.devices()[0]
+    try:
+        return jax.devices(name)[0]
+    except RuntimeError:
+        available = sorted(jax.extend.backend.backends())
+        raise ValueError(
+            f"--device {name!r}: JAX has no {name} device here; the platforms available "
+            f"are {available}. Pass one of them, or install JAX's plugin for {name} "
+            f"(e.g. pip install 'jax[cuda12]' for gpu)."
+        ) from None
+
+
+def run(grid, out_dir, *, device=None, name="results", bandwidth_tbs=None, command=None):
+    """Runs the grid on ``device`` and writes ``{name}.md``, ``.json`` and the plot.
+
+    Args:
+        grid: Batch sizes, action sizes, rounds and the sizes of the extra sections.
+        out_dir: Where the files go.
+        device: A ``jax.Device``; JAX's default device if None.
+        name: Stem of the report; the plot is ``scaling.png`` for ``results`` and
+            ``{name}-scaling.png`` otherwise.
+        bandwidth_tbs: If given, the device's memory bandwidth in TB/s, and the
+            report adds the memory-bandwidth floor (``benchmarks/bandwidth.py``).
+        command: The command line to record in the report.
+
+    Returns:
+        The report's text.
+    """
+    device = select_device() if device is None else device
+    with jax.default_device(device):
+        return _run(grid, Path(out_dir), device, name, bandwidth_tbs, command)
+
+
+def _run(grid, out_dir, device, name, bandwidth_tbs, command):
     out_dir.mkdir(parents=True, exist_ok=True)
     impls = implementations.all_implementations()
+    actor_steps = implementations.actor_steps()
     results = {}
     for actions in grid["actions"]:
         for batch in grid["batches"]:
-            print(f"timing B={batch} A={actions}", flush=True)
-            results[batch, actions] = _workloads(impls, batch, actions, grid["rounds"])
-    names = [impl.name for impl in impls]
+            print(f"timing B={batch} A={actions} on {device.device_kind}", flush=True)
+            results[batch, actions] = _workloads(impls, actor_steps, batch, actions, grid["rounds"])
+    timings = [
+        {
+            "workload": workload,
+            "batch": batch,
+            "actions": actions,
+            "implementation": implementation,
+            **dict(zip(("seconds", "ratio", "low", "high"), _summary(samples), strict=True)),
+        }
+        for (batch, actions), cell in results.items()
+        for workload in _WORKLOADS
+        for implementation, samples in cell[workload].items()
+    ]
+    command = command or "python -m benchmarks"
     sections = [
         "# Benchmark results",
         "",
-        f"Command: `python -m benchmarks{' --full' if grid is _FULL else ''}`, "
-        f"{datetime.date.today()}, {platform.machine()} with {jax.device_count()} "
-        f"{jax.devices()[0].platform.upper()} device(s), {_cpu_count()} cores; "
-        f"Python {platform.python_version()}, jax {jax.__version__}, flax "
-        f"{_version('flax')}, distrax {_version('distrax')}, "
+        f"Command: `{command}`, {datetime.date.today()}. Device: {device.device_kind} "
+        f"(platform {device.platform}, {len(jax.devices(device.platform))} device(s)); "
+        f"host {platform.machine()} with {_cpu_count()} cores. Python "
+        f"{platform.python_version()}, jax {jax.__version__}, jaxlib {_version('jaxlib')}, "
+        f"flax {_version('flax')}, distrax {_version('distrax')}, "
         f"tfp {_version('tfp-nightly')}, brax {_version('brax')}; float32.",
         "",
         "Each cell: median over interleaved rounds of time / hand-written time in the "
         "same round (min-max); below 1 is faster than the hand-written formula.",
     ]
-    for workload in ("rollout", "loss"):
+    titles = {
+        "rollout": "Rollout step",
+        "loss": "Loss step",
+        "actor": "Actor step (SAC-style: reparameterised sample, value and gradient)",
+    }
+    for workload in _WORKLOADS:
+        first = next(iter(results.values()))[workload]
+        names = list(first)
         header = ["B", "A", "hand-written (ms)", *names[1:]]
         rows = [
             [batch, actions, f"{_summary(cell[workload][names[0]])[0] * 1e3:.3f}"]
             + [_ratio_cell(_summary(cell[workload][name])) for name in names[1:]]
             for (batch, actions), cell in results.items()
         ]
-        sections += ["", f"## {workload.capitalize()} step", "", _table(rows, header)]
+        sections += ["", f"## {titles[workload]}", "", _table(rows, header)]
+        if workload == "actor":
+            failing = _actor_saturation(actor_steps, grid["compile_batch"], grid["actions"][0])
+            sections += [
+                "",
+                f"`mean(alpha * log_prob - Q(a))`, alpha = {implementations.ALPHA}, for a fixed "
+                "`Q(a) = -sum(w (a - c)^2)`, gradient with respect to `mean_and_std`. "
+                f"With every mean shifted by {_SATURATION_SHIFT:g} (saturated tanh, "
+                f"B = {grid['compile_batch']}), non-finite values or gradients: "
+                + (", ".join(failing) if failing else "none")
+                + ".",
+            ]
     compile_batch, memory_batch = grid["compile_batch"], grid["memory_batch"]
     compile_seconds = _compile_seconds(impls, compile_batch, grid["repeats"])
-    reference = compile_seconds[names[0]]
+    reference = compile_seconds[impls[0].name]
     sections += [
         "",
         f"## Trace plus compile (rollout + loss, B = {compile_batch}, A = 8)",
@@ -309,6 +439,11 @@ def run(grid, out_dir):
                 for n, (r, lo) in _memory(impls, memory_batch).items()
             ],
             ["implementation", "rollout MiB", "loss MiB"],
+        ),
+        "",
+        _table(
+            [[n, f"{b / 2**20:.2f}"] for n, b in _actor_memory(actor_steps, memory_batch).items()],
+            ["implementation", "actor MiB"],
         ),
         "",
         "## B = 1 rollout latency",
@@ -334,13 +469,22 @@ def run(grid, out_dir):
         f"`import samplers`: {_import_seconds(grid['repeats']) * 1e3:.0f} ms "
         f"(median of {grid['repeats']} fresh interpreters).",
     ]
-    plotted = _plot(
-        results, 8 if 8 in grid["actions"] else grid["actions"][0], out_dir / "scaling.png"
-    )
-    if plotted:
-        sections += ["", "![time per call against batch size](scaling.png)"]
+    if bandwidth_tbs is not None:
+        sections += ["", bandwidth.report(timings, bandwidth_tbs).rstrip("\n")]
+    plot = "scaling.png" if name == "results" else f"{name}-scaling.png"
+    actions = 8 if 8 in grid["actions"] else grid["actions"][0]
+    if _plot(results, actions, out_dir / plot, bandwidth_tbs):
+        sections += ["", f"![time per call against batch size]({plot})"]
     text = "\n".join(sections) + "\n"
-    (out_dir / "results.md").write_text(text)
+    (out_dir / f"{name}.md").write_text(text)
+    record = {
+        "command": command,
+        "device_kind": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "timings": timings,
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return text
 
 
@@ -359,12 +503,68 @@ def _version(package):
         return "not installed"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="the full grid (A in 1, 8, 64)")
+def _batches(text):
+    try:
+        batches = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        batches = ()
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive batch sizes separated by commas, e.g. 1,4096,1048576, got {text!r}"
+        )
+    return batches
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.splitlines()[0]
+    )
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--full", action="store_true", help="the full grid (A in 1, 8, 64)")
+    sizes.add_argument(
+        "--large",
+        action="store_true",
+        help="B in 1, 2**12, 2**16, 2**18, 2**20 at A = 8, for accelerators",
+    )
+    parser.add_argument(
+        "--batches", type=_batches, help="batch sizes, e.g. 1,4096,1048576 (replaces the grid's)"
+    )
+    parser.add_argument(
+        "--device",
+        help="platform to run on: cpu, gpu, tpu or a platform name (default: JAX's default)",
+    )
+    parser.add_argument(
+        "--bandwidth-tbs",
+        type=float,
+        help="device memory bandwidth in TB/s: adds the memory-bandwidth floor to the report "
+        f"({bandwidth.H200_TBS} for an H200)",
+    )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
+    parser.add_argument("--name", default="results", help="stem of the report's file names")
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
-    print(run(_FULL if args.full else _QUICK, args.out))
+    grid = _FULL if args.full else _LARGE if args.large else _QUICK
+    if args.batches is not None:
+        grid = {**grid, "batches": args.batches}
+    try:
+        device = select_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
+    command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    print(
+        run(
+            grid,
+            args.out,
+            device=device,
+            name=args.name,
+            bandwidth_tbs=args.bandwidth_tbs,
+            command=command,
+        )
+    )
 
 
 if __name__ == "__main__":

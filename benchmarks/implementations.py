@@ -8,6 +8,12 @@ in a training loop: a JAX key is split, the ``samplers`` head advances its
 ``nnx.Rngs`` stream. The suite jits ``rollout`` and
 ``jax.value_and_grad(loss, has_aux=True)``.
 
+The actor step (:func:`actor_steps`) is the SAC-style update of a policy:
+``actor(mean_and_std, rng) -> (loss, next_rng)`` with ``loss = mean(ALPHA *
+log_prob(a) - critic(a))`` for a fresh reparameterised sample ``a``, so that its
+gradient is the pathwise one. The suite jits ``jax.value_and_grad(actor,
+has_aux=True)``.
+
 ``handwritten`` is the reference every ratio is taken against: the specified
 maths written out directly, as a user would without a library.
 """
@@ -26,6 +32,7 @@ from tensorflow_probability.substrates import jax as tfp
 import samplers
 
 MIN_STD, STD_SCALE, ENTROPY_WEIGHT, CLIP = 1e-3, 1.0, 0.01, 0.2
+ALPHA = 0.2  # the actor step's entropy temperature
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -34,6 +41,13 @@ class Implementation(NamedTuple):
     rollout: Callable
     loss: Callable | None  # None: no loss step (the floor's is the draw alone)
     random_input: Callable = lambda key: key  # what the functions take in place of a key
+
+
+class ActorStep(NamedTuple):
+    name: str
+    step: Callable  # (mean_and_std, rng) -> (loss, next_rng)
+    random_input: Callable = lambda key: key
+    differentiable: bool = True  # False for the floor, timed without a gradient
 
 
 def _splitting_key(step):
@@ -52,6 +66,21 @@ def _surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
     clipped = jnp.clip(ratio, 1 - CLIP, 1 + CLIP)
     policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
     return policy_loss - ENTROPY_WEIGHT * jnp.mean(entropy)
+
+
+def critic(action):
+    """The fixed, made-up critic of the actor step: ``Q(a) = -sum(w * (a - c)**2)``.
+
+    ``c`` runs from -0.5 to 0.5 and ``w`` from 0.5 to 1.5 over the action axis,
+    the same for every implementation.
+    """
+    target = jnp.linspace(-0.5, 0.5, action.shape[-1], dtype=action.dtype)
+    weight = jnp.linspace(0.5, 1.5, action.shape[-1], dtype=action.dtype)
+    return -jnp.sum(weight * jnp.square(action - target), axis=-1)
+
+
+def _actor_objective(action, log_likelihood):
+    return jnp.mean(ALPHA * log_likelihood - critic(action))
 
 
 def _split(mean_and_std):
@@ -82,6 +111,18 @@ def handwritten_loss(mean_and_std, raw, old_log_likelihood, advantage, key):
     eps = jax.lax.stop_gradient(jax.random.normal(key, mean.shape))
     entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std) + _tanh_log_det(mean + std * eps), -1)
     return _surrogate(_handwritten_log_prob(raw, mean, std), old_log_likelihood, advantage, entropy)
+
+
+def actor_loss_from_noise(mean_and_std, eps):
+    """The hand-written actor loss for the standard-normal noise ``eps``."""
+    mean, std = _split(mean_and_std)
+    x = mean + std * eps
+    return _actor_objective(jnp.tanh(x), _handwritten_log_prob(x, mean, std))
+
+
+def handwritten_actor(mean_and_std, key):
+    noise_shape = (*mean_and_std.shape[:-1], mean_and_std.shape[-1] // 2)
+    return actor_loss_from_noise(mean_and_std, jax.random.normal(key, noise_shape))
 
 
 def handwritten_sampler_call(mean_and_std, key, count):
@@ -124,6 +165,29 @@ def samplers_functions(**options):
     return rollout, loss, random_input
 
 
+def samplers_actor():
+    """The actor step through the NNX head, ``reparameterized=True``, via ``functional``.
+
+    Returns ``(actor, random_input)``; the head's state is the random input.
+    """
+
+    def head(seed):
+        return samplers.NormalTanhSampler(nnx.Rngs(seed), 0.0, reparameterized=True)
+
+    apply, _ = samplers.functional(head(0))
+
+    def actor(mean_and_std, state):
+        out, state = apply(state, mean_and_std)
+        return _actor_objective(out.output["action"], out.output["log_likelihood"]), state
+
+    return actor, lambda key: samplers.functional(head(key))[1]
+
+
+def _samplers_pure_actor(mean_and_std, key):
+    action, _, log_prob = samplers.normal_tanh(mean_and_std).sample_with_pre_image(seed=key)
+    return _actor_objective(action, log_prob)
+
+
 # --- distrax and TFP: the plain idiom, scoring the stored pre-image --------------
 
 
@@ -146,7 +210,14 @@ def _distrax_functions():
         entropy = base.entropy() + bijector.forward_log_det_jacobian(z)
         return _surrogate(log_likelihood, old_log_likelihood, advantage, entropy)
 
-    return rollout, loss
+    def actor(mean_and_std, key):
+        mean, std = _split(mean_and_std)
+        dist = distrax.Transformed(
+            distrax.MultivariateNormalDiag(mean, std), distrax.Block(distrax.Tanh(), 1)
+        )
+        return _actor_objective(*dist.sample_and_log_prob(seed=key))
+
+    return rollout, loss, actor
 
 
 def _tfp_functions():
@@ -167,7 +238,16 @@ def _tfp_functions():
         entropy = base.entropy() + log_det(mean + std * eps)
         return _surrogate(base.log_prob(raw) - log_det(raw), old_log_likelihood, advantage, entropy)
 
-    return rollout, loss
+    def actor(mean_and_std, key):
+        # log_prob of the sample finds its pre-image in the bijector's cache
+        # instead of inverting tanh.
+        dist = tfd.TransformedDistribution(
+            tfd.MultivariateNormalDiag(*_split(mean_and_std)), tfb.Tanh()
+        )
+        action = dist.sample(seed=key)
+        return _actor_objective(action, dist.log_prob(action))
+
+    return rollout, loss, actor
 
 
 # --- Brax, when installed --------------------------------------------------------
@@ -186,7 +266,12 @@ def _brax_functions():
         entropy = dist.entropy(mean_and_std, key)
         return _surrogate(dist.log_prob(mean_and_std, raw), old_log_likelihood, advantage, entropy)
 
-    return rollout, loss
+    def actor(mean_and_std, key):
+        dist = distribution.NormalTanhDistribution(mean_and_std.shape[-1] // 2, min_std=MIN_STD)
+        raw = dist.sample_no_postprocessing(mean_and_std, key)
+        return _actor_objective(dist.postprocess(raw), dist.log_prob(mean_and_std, raw))
+
+    return rollout, loss, actor
 
 
 # --- the floor: the noise draws alone --------------------------------------------
@@ -196,13 +281,34 @@ def floor_rollout(mean_and_std, key):
     return jax.random.normal(key, (*mean_and_std.shape[:-1], mean_and_std.shape[-1] // 2))
 
 
-def all_implementations() -> list[Implementation]:
-    """Every implementation available here, the reference first."""
-    key_based = [("handwritten", (handwritten_rollout, handwritten_loss))]
-    key_based += [("distrax", _distrax_functions()), ("tfp", _tfp_functions())]
+def _peers():
+    """``(name, (rollout, loss, actor))`` of the key-based peer libraries available here."""
+    peers = [("distrax", _distrax_functions()), ("tfp", _tfp_functions())]
     if importlib.util.find_spec("brax") is not None:
-        key_based.append(("brax", _brax_functions()))
+        peers.append(("brax", _brax_functions()))
+    return peers
+
+
+def all_implementations() -> list[Implementation]:
+    """Every implementation of the rollout and loss steps available here, the reference first."""
+    key_based = [("handwritten", (handwritten_rollout, handwritten_loss))]
+    key_based += [(name, fns[:2]) for name, fns in _peers()]
     found = [Implementation(name, *map(_splitting_key, fns)) for name, fns in key_based]
     found.insert(1, Implementation("samplers", *samplers_functions()))
     found.append(Implementation("floor (draw alone)", _splitting_key(floor_rollout), None))
+    return found
+
+
+def actor_steps() -> list[ActorStep]:
+    """Every implementation of the actor step available here, the reference first."""
+    key_based = [
+        ("handwritten", handwritten_actor),
+        ("samplers (pure layer)", _samplers_pure_actor),
+    ]
+    key_based += [(name, fns[2]) for name, fns in _peers()]
+    found = [ActorStep(name, _splitting_key(step)) for name, step in key_based]
+    found.insert(1, ActorStep("samplers", *samplers_actor()))
+    found.append(
+        ActorStep("floor (draw alone)", _splitting_key(floor_rollout), differentiable=False)
+    )
     return found

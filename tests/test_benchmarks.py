@@ -1,8 +1,16 @@
 """The benchmark suite at toy sizes, so that it never rots; nothing here times anything."""
 
-import jax
+import json
 
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from tensorflow_probability.substrates import jax as tfp
+
+import samplers
 from benchmarks import __main__ as suite
+from benchmarks import bandwidth, implementations
 
 _TINY = {
     "batches": (8,),
@@ -16,17 +24,146 @@ _TINY = {
 
 def test_suite_runs_and_writes_its_report(tmp_path):
     with jax.numpy_rank_promotion("allow"):  # TFP broadcasts ranks implicitly
-        text = suite.run(_TINY, tmp_path)
-    assert (tmp_path / "results.md").read_text() == text
+        text = suite.run(
+            _TINY, tmp_path, device=suite.select_device("cpu"), name="toy", bandwidth_tbs=4.8
+        )
+    assert (tmp_path / "toy.md").read_text() == text
     for heading in (
         "## Rollout step",
         "## Loss step",
+        "## Actor step",
         "## Trace plus compile",
         "## Compiled memory",
         "## B = 1 rollout latency",
         "## Entropy estimators",
+        "## Memory-bandwidth floor (4.8 TB/s)",
     ):
         assert heading in text
-    for name in ("samplers", "distrax", "tfp", "floor (draw alone)"):
-        assert f"| {name} |" in text or f" {name} |" in text
-    assert (tmp_path / "scaling.png").stat().st_size > 0
+    assert "Device: cpu (platform cpu" in text
+    for name in ("samplers", "samplers (pure layer)", "distrax", "tfp", "floor (draw alone)"):
+        assert f" {name} |" in text
+    assert "non-finite values or gradients: none." in text
+    assert "| implementation | actor MiB |" in text
+    assert (tmp_path / "toy-scaling.png").stat().st_size > 0
+    assert "![time per call against batch size](toy-scaling.png)" in text
+
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert saved["platform"] == "cpu"
+    workloads = {(t["workload"], t["implementation"]) for t in saved["timings"]}
+    assert ("actor", "samplers (pure layer)") in workloads
+    assert ("rollout", "samplers (pure layer)") not in workloads
+    assert all(t["seconds"] > 0 and t["low"] <= t["ratio"] <= t["high"] for t in saved["timings"])
+    bandwidth.main([str(tmp_path / "toy.json"), "--out", str(tmp_path / "floor.md")])
+    assert "### Actor step" in (tmp_path / "floor.md").read_text()
+
+
+def _noise(step, mean_and_std, key):
+    """The standard-normal noise that ``step`` draws from ``key``."""
+    shape = (*mean_and_std.shape[:-1], mean_and_std.shape[-1] // 2)
+    if step.name == "samplers":
+        head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0, reparameterized=True)
+        apply, _ = samplers.functional(head)
+        out, _ = apply(step.random_input(key), mean_and_std)
+        dist = samplers.normal_tanh(mean_and_std)
+        return (out.rollout_extras - dist.loc) / dist.scale
+    subkey = jax.random.split(key)[1]  # the key-based steps split their key
+    if step.name == "tfp":
+        zeros = jnp.zeros(shape)
+        return tfp.distributions.MultivariateNormalDiag(zeros, jnp.ones(shape)).sample(seed=subkey)
+    return jax.random.normal(subkey, shape)
+
+
+@pytest.mark.parametrize("shift", [0.0, 12.0], ids=["moderate", "saturated"])
+def test_actor_steps_compute_the_hand_written_value_and_pathwise_gradient(shift):
+    mean_and_std = jax.random.normal(jax.random.key(0), (16, 6)).at[:, :3].add(shift)
+    key = jax.random.key(1)
+    steps = [s for s in implementations.actor_steps() if s.differentiable]
+    assert [s.name for s in steps[:3]] == ["handwritten", "samplers", "samplers (pure layer)"]
+    with jax.numpy_rank_promotion("allow"):
+        for step in steps:
+            eps = _noise(step, mean_and_std, key)
+            want = jax.value_and_grad(implementations.actor_loss_from_noise)(mean_and_std, eps)
+            (value, _), grad = jax.jit(jax.value_and_grad(step.step, has_aux=True))(
+                mean_and_std, step.random_input(key)
+            )
+            assert jnp.allclose(value, want[0], rtol=1e-5, atol=1e-5), step.name
+            assert jnp.allclose(grad, want[1], rtol=1e-4, atol=1e-5), step.name
+
+
+def test_actor_steps_advance_their_random_state():
+    mean_and_std = jax.random.normal(jax.random.key(0), (4, 4))
+    with jax.numpy_rank_promotion("allow"):
+        for step in implementations.actor_steps():
+            rng = step.random_input(jax.random.key(1))
+            fn = jax.jit(step.step)
+            first, rng = fn(mean_and_std, rng)
+            second, _ = fn(mean_and_std, rng)
+            assert not jnp.allclose(first, second), step.name
+
+
+def _missing_platform():
+    present = {d.platform for d in jax.devices()} | set(jax.extend.backend.backends())
+    missing = [
+        p for p in ("tpu", "gpu") if p not in present and not (p == "gpu" and "cuda" in present)
+    ]
+    if not missing:
+        pytest.skip("every platform is present")
+    return missing[0]
+
+
+def test_device_flag_selects_the_platform():
+    assert suite.select_device("cpu").platform == "cpu"
+    assert suite.select_device() == jax.devices()[0]
+
+
+def test_device_flag_names_the_available_platforms_when_one_is_missing(capsys):
+    missing = _missing_platform()
+    message = (
+        rf"--device '{missing}': JAX has no {missing} device here; the platforms available are \["
+    )
+    with pytest.raises(ValueError, match=message + r".*'cpu'.*\]. Pass one of them"):
+        suite.select_device(missing)
+    with pytest.raises(SystemExit):
+        suite.main(["--device", missing])
+    assert f"JAX has no {missing} device here" in capsys.readouterr().err
+
+
+def test_flags_choose_the_device_sizes_and_report_name(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(
+        suite, "run", lambda grid, out, **options: calls.append((grid, out, options))
+    )
+    suite.main(["--device", "cpu", "--large", "--batches", "8,16", "--out", str(tmp_path)])
+    suite.main(["--large", "--name", "gpu", "--bandwidth-tbs", "4.8"])
+    (grid, out, options), (large, _, named) = calls
+    assert grid["batches"] == (8, 16) and out == tmp_path
+    assert options["device"].platform == "cpu"
+    assert options["command"].startswith("python -m benchmarks --device cpu --large")
+    assert large["batches"][-1] == 2**20
+    assert named["name"] == "gpu" and named["bandwidth_tbs"] == 4.8
+
+
+@pytest.mark.parametrize("batches", ["0", "8,x", ""])
+def test_batches_flag_refuses_what_is_not_a_list_of_sizes(batches, capsys):
+    with pytest.raises(SystemExit):
+        suite.main(["--batches", batches])
+    assert "expected positive batch sizes separated by commas" in capsys.readouterr().err
+
+
+def test_bandwidth_floor_counts_the_bytes_each_step_must_move():
+    assert bandwidth.bytes_per_element("rollout", 8) == 4 * (4 * 8 + 1)
+    assert bandwidth.bytes_per_element("loss", 8) == 4 * (5 * 8 + 2)
+    assert bandwidth.bytes_per_element("actor", 8) == 4 * 4 * 8
+    # 128 bytes per element at B = 2**20 over 4.8 TB/s: about 28 us.
+    assert bandwidth.floor_seconds("actor", 2**20, 8, 4.8) == pytest.approx(128 * 2**20 / 4.8e12)
+    with pytest.raises(ValueError, match="workload must be one of"):
+        bandwidth.bytes_per_element("entropy", 8)
+    with pytest.raises(ValueError, match="bandwidth_tbs must be positive"):
+        bandwidth.floor_seconds("actor", 1, 8, 0.0)
+    records = [
+        {"workload": "actor", "batch": 2**20, "actions": 8, "implementation": n, "seconds": s}
+        for n, s in (("handwritten", 56e-6), ("floor (draw alone)", 1e-6))
+    ]
+    text = bandwidth.report(records, 4.8)
+    assert "| 1048576 | 8 | 128.0 MiB | 28 | 56.0 (49.9%) |" in text
+    assert "floor (draw alone)" not in text
