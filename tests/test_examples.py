@@ -1,6 +1,7 @@
 import json
 import math
 
+import gymnax
 import jax
 import jax.numpy as jnp
 import pytest
@@ -124,3 +125,47 @@ def test_pendulum_sac_actor_gradient_reaches_the_network_through_the_sampled_tor
         nnx.Rngs(1), 0.0, bijector=samplers.BoundedTanh(-2.0, 2.0)
     )
     assert largest(nnx.grad(critic_term)(actor)) == 0.0
+
+
+def test_pendulum_sac_stores_the_observation_before_the_reset_and_not_the_time_limit():
+    env, params = gymnax.make("Pendulum-v1")
+    obs, state = env.reset(jax.random.key(0), params)
+    state = state.replace(time=params.max_steps_in_episode - 1)
+    torque = jnp.array([0.5])
+    next_obs, _, reward, _, _, info = env.step(jax.random.key(1), state, torque, params)
+    stored = pendulum_sac.transitions(obs, torque, reward, info)
+
+    # The step hit the time limit, so gymnax returned the next episode's first observation.
+    assert bool(info["truncated"]) and not jnp.allclose(next_obs, info["final_observation"])
+    assert jnp.array_equal(stored["next_obs"], info["final_observation"])
+    assert stored["terminated"] == 0.0
+
+
+def test_pendulum_sac_critic_loss_is_the_soft_bellman_error_cut_only_at_terminal_states():
+    config = pendulum_sac.Config()
+    actor = pendulum_sac.Actor(16, nnx.Rngs(0), nnx.Rngs(1))
+    critic = pendulum_sac.TwinCritic(16, nnx.Rngs(2))
+    target = pendulum_sac.TwinCritic(16, nnx.Rngs(3))
+    keys = jax.random.split(jax.random.key(4), 4)
+    batch = {
+        "obs": jax.random.normal(keys[0], (8, 3)),
+        "torque": jax.random.uniform(keys[1], (8, 1), minval=-2.0, maxval=2.0),
+        "reward": jax.random.uniform(keys[2], (8,), minval=-16.0, maxval=0.0),
+        "next_obs": jax.random.normal(keys[3], (8, 3)),
+        "terminated": jnp.array([1.0, 0.0] * 4),
+    }
+    alpha = 0.3
+    # A copy of the actor continues the same stream: it draws the loss's next torques.
+    next_action = nnx.clone(actor)(batch["next_obs"]).output
+    next_q = jnp.minimum(*target(batch["next_obs"], next_action["action"]))
+    soft_value = next_q - alpha * next_action["log_likelihood"]
+    reward = config.reward_scale * batch["reward"]
+    y = reward + config.gamma * jnp.array([0.0, 1.0] * 4) * soft_value
+    q1, q2 = critic(batch["obs"], batch["torque"])
+    expected = 0.5 * (jnp.square(q1 - y) + jnp.square(q2 - y)).mean()
+
+    loss, _ = pendulum_sac.critic_loss(critic, target, actor, alpha, batch, config)
+    assert jnp.allclose(loss, expected, rtol=1e-6, atol=0.0)
+    # Bootstrapping matters on the non-terminal rows: the loss without it differs.
+    no_bootstrap = 0.5 * (jnp.square(q1 - reward) + jnp.square(q2 - reward)).mean()
+    assert not jnp.allclose(loss, no_bootstrap, rtol=1e-3)

@@ -184,11 +184,28 @@ def _buffer(size: int) -> dict:
     return arrays | {"position": jnp.int32(0), "count": jnp.int32(0)}
 
 
-def _store(buffer: dict, transitions: dict) -> dict:
+def transitions(obs, torque, reward, info) -> dict:
+    """What the buffer keeps of one step of every environment, from gymnax's ``step``.
+
+    ``next_obs`` is the observation the step led to, before the environment's
+    automatic reset, and ``terminated`` (``0.0`` or ``1.0``) marks a terminal
+    state only, never the time limit, so that the critic's target still
+    bootstraps at the end of a truncated episode.
+    """
+    return {
+        "obs": obs,
+        "torque": torque,
+        "reward": reward,
+        "next_obs": info["final_observation"],
+        "terminated": info["terminated"].astype(reward.dtype),
+    }
+
+
+def _store(buffer: dict, step: dict) -> dict:
     """Writes a step of every environment at the buffer's position, wrapping around."""
     size = buffer["reward"].shape[0]
-    rows = (buffer["position"] + jnp.arange(transitions["reward"].shape[0])) % size
-    buffer = buffer | {name: buffer[name].at[rows].set(x) for name, x in transitions.items()}
+    rows = (buffer["position"] + jnp.arange(step["reward"].shape[0])) % size
+    buffer = buffer | {name: buffer[name].at[rows].set(x) for name, x in step.items()}
     buffer["position"] = (rows[-1] + 1) % size
     buffer["count"] = jnp.minimum(buffer["count"] + rows.shape[0], size)
     return buffer
@@ -287,16 +304,7 @@ def make_train_step(config: Config, graphdef):
         next_obs, env_state, reward, _, _, info = step_envs(
             jax.random.split(env_key, config.num_envs), env_state, torque, env_params
         )
-        # s' is the observation the step led to, before any automatic reset; only a
-        # true terminal state (not the time limit) stops the bootstrap.
-        transitions = {
-            "obs": obs,
-            "torque": torque,
-            "reward": reward,
-            "next_obs": info["final_observation"],
-            "terminated": info["terminated"].astype(reward.dtype),
-        }
-        buffer = _store(buffer, transitions)
+        buffer = _store(buffer, transitions(obs, torque, reward, info))
         steps = steps + config.num_envs
         state, metrics = jax.lax.cond(
             steps > config.warmup_steps, updates, warming_up, nnx.state(models), buffer, update_key
