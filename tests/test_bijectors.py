@@ -76,6 +76,7 @@ def test_scalar_bounds_apply_to_every_dimension():
         ([0.0, -np.inf], [1.0, 1.0], r"low must be finite real numbers"),
         (0.0, np.nan, r"high must be finite real numbers"),
         ("a", "b", r"low must be finite real numbers"),
+        (-1e300, 1e300, r"low must be finite real numbers in float32, got -1e\+300"),
     ],
 )
 def test_bad_bounds_are_refused(low, high, message):
