@@ -68,6 +68,7 @@ class Sigmoid(distrax.Sigmoid):
     """
 
     def forward_log_det_jacobian(self, x):
+        x = jnp.asarray(x)
         return -softplus(x) - softplus(-x)
 
     def forward_and_log_det(self, x):
@@ -102,17 +103,18 @@ class BoundedTanh(distrax.Bijector):
     an input ``[B, 1]`` gives ``[B, A]``), and the dtype is JAX's promotion of the
     input with the bounds. Bounds given as Python numbers are weakly typed and
     take the input's dtype, so with ``jax_enable_x64`` a float32 input still gives
-    float32; bounds given as arrays keep their dtype (float64 arrays promote a
-    float32 input to float64). Integer inputs become the default float dtype.
+    float32; bounds given as floating arrays keep their dtype (float64 arrays
+    promote a float32 input to float64). Integer inputs become the default float dtype.
 
     Args:
         low: Lower bounds, a scalar or one per action dimension.
         high: Upper bounds, the same shape as ``low``.
 
     Raises:
-        ValueError: the bounds are not finite, subnormal (XLA flushes those to
-            zero), ``low >= high`` anywhere, the shapes differ, or they have more
-            than one dimension. Traced bounds (built inside ``jax.jit`` or
+        ValueError: the bounds are not finite (also once stored: ``1e300``
+            overflows float32), subnormal (XLA flushes those to zero),
+            ``low >= high`` anywhere, the shapes differ, or they have more than
+            one dimension. Traced bounds (built inside ``jax.jit`` or
             ``jax.vmap``) are checked for shape only.
 
     Example:

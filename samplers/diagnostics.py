@@ -211,7 +211,7 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     for name, dist in (("p", p), ("q", q)):
         if not isinstance(dist, SquashedNormal):
             raise TypeError(f"{name} must be a samplers.SquashedNormal, got {type(dist).__name__}.")
-    same = _same_bijector(p.bijector.bijector, q.bijector.bijector)
+    same = _same_bijector(_elementwise(p), _elementwise(q))
     try:
         shape = jnp.broadcast_shapes(p.loc.shape, q.loc.shape)
     except ValueError:
@@ -233,6 +233,12 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
         same = jnp.all(same)
         per_dimension = jnp.where(same, per_dimension, jnp.nan)
     return jnp.sum(per_dimension, axis=-1)
+
+
+def _elementwise(dist: SquashedNormal) -> distrax.Bijector:
+    """The elementwise bijector inside ``dist``'s ``distrax.Block``."""
+    bijector = dist.bijector
+    return bijector.bijector if isinstance(bijector, distrax.Block) else bijector
 
 
 def _same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> bool | Array:

@@ -116,6 +116,7 @@ def test_same_as_with_traced_bounds_is_false_and_same_map_compares_at_run_time()
     def compare(low_a, low_b):
         a, b = samplers.BoundedTanh(low_a, low_a + 2), samplers.BoundedTanh(low_b, low_a + 2)
         assert a.same_as(a)
+        assert a.same_as(samplers.BoundedTanh(a.low, a.high))  # the same arrays
         assert not a.same_as(b)  # not guaranteed at trace time
         return same_map(a, b)
 
@@ -301,3 +302,32 @@ def test_batched_parameters_act_elementwise():
             this_y, this_log_det = scalar.forward_and_log_det(x[i, 0])
             np.testing.assert_allclose(this_y, y[i, j], rtol=1e-6)
             np.testing.assert_allclose(this_log_det, log_det[i, j], rtol=1e-6)
+
+
+# --- Tanh and Sigmoid against distrax's -------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(), (2,), (2, 3), (2, 3, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.float32, jnp.int32])
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [(samplers.Tanh(), distrax.Tanh()), (samplers.Sigmoid(), distrax.Sigmoid())],
+    ids=["Tanh", "Sigmoid"],
+)
+def test_tanh_and_sigmoid_keep_the_input_s_shape_and_dtype_as_distrax(ours, theirs, shape, dtype):
+    x = (2 * jax.random.normal(jax.random.key(7), shape)).astype(dtype)
+    if isinstance(theirs, distrax.Sigmoid) and dtype == jnp.int32:
+        # jax.nn.sigmoid takes no integers, in distrax's Sigmoid as in ours.
+        for bijector in (ours, theirs):
+            with pytest.raises(TypeError, match="logistic does not accept dtype int32"):
+                bijector.forward_and_log_det(x)
+        return
+    y = theirs.forward(x)
+    for got, want in (
+        (ours.forward_and_log_det(x), theirs.forward_and_log_det(x)),
+        (ours.inverse_and_log_det(y), theirs.inverse_and_log_det(y)),
+    ):
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape == shape
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
