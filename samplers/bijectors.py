@@ -18,7 +18,7 @@ class Tanh(distrax.Tanh):
     The same maps and the same values to float32 rounding, but the
     log-determinant and its derivative share one ``exp(-2|x|)``, which XLA
     does not find by itself. :func:`samplers.normal_tanh` uses it. Shapes and
-    dtypes are those of the input, as in ``distrax.Tanh``.
+    dtypes are ``distrax.Tanh``'s: those of the input, integers becoming floats.
 
     Example:
         >>> import jax.numpy as jnp, samplers
