@@ -443,7 +443,17 @@ def _all_finite_after_rollout_and_replay(kind, min_std, std_scale, mean, raw_std
     ids=["min_std=0,raw=-1e3", "min_std=0,raw=-88", "std_scale=1e-38", "std_scale=1e-46"],
 )
 def test_outputs_are_finite_when_the_std_underflows_to_zero(kind, min_std, std_scale, raw_std):
+    """README Guarantees, "The std never rounds to zero (floored at the smallest normal
+    float)": where the float64 std is below it the std is the floor, else at least it."""
     _all_finite_after_rollout_and_replay(kind, min_std, std_scale, 0.0, raw_std)
+    sampler = _sampler(kind, min_std, std_scale, ONE_D_BOUNDS)
+    sigma = float(sampler((), jnp.array([0.0, raw_std], jnp.float32)).metrics["sigma"][0])
+    tiny = float(np.finfo(np.float32).tiny)
+    exact = float(_std_float64(raw_std, min_std, std_scale))
+    if exact < tiny:
+        assert sigma == tiny
+    else:
+        assert sigma >= tiny and sigma == pytest.approx(exact, rel=1e-6)
 
 
 @pytest.mark.parametrize("mean", [1e3, -1e3, 100.0, -100.0])
