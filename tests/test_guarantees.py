@@ -37,11 +37,11 @@ def _bijector(kind):
     return IDENTITY
 
 
-def _sampler(kind, seed=0, **options):
+def _sampler(kind, seed=0, entropy_weight=ENTROPY_WEIGHT, **options):
     if kind == "tanh":
-        return samplers.NormalTanhSampler(nnx.Rngs(seed), ENTROPY_WEIGHT, **options)
+        return samplers.NormalTanhSampler(nnx.Rngs(seed), entropy_weight, **options)
     return samplers.SquashedNormalSampler(
-        nnx.Rngs(seed), ENTROPY_WEIGHT, bijector=_bijector(kind), **options
+        nnx.Rngs(seed), entropy_weight, bijector=_bijector(kind), **options
     )
 
 
@@ -90,6 +90,31 @@ def test_rollout_and_replay_never_invert_the_squashing(kind, jitted, monkeypatch
         assert np.all(np.isfinite(replay.output["log_likelihood"]))
     with pytest.raises(AssertionError, match="inverse was called"):
         sampler.bijector.inverse(jnp.zeros(A))
+
+
+# README Guarantees, "Bad configuration and input are refused ... (integer or bool
+# dtypes, NaN or inf options ...)", for the cases no module test lists.
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"min_std": np.inf}, ValueError, r"min_std must be finite, got inf"),
+        ({"min_std": np.nan}, ValueError, r"min_std must be finite, got nan"),
+        ({"std_scale": np.inf}, ValueError, r"std_scale must be finite, got inf"),
+        ({"entropy_weight": -np.inf}, ValueError, r"entropy_weight must be finite, got -inf"),
+    ],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_finite_options_are_refused_at_construction(kind, options, error, message):
+    with pytest.raises(error, match=message):
+        _sampler(kind, **options)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bool_, jnp.int32, jnp.uint8])
+@pytest.mark.parametrize("kind", KINDS)
+def test_bool_and_integer_parameters_are_refused_at_trace_time(kind, dtype):
+    message = rf"mean_and_std must have a floating dtype, got {jnp.dtype(dtype).name}; cast it"
+    with pytest.raises(TypeError, match=message):
+        nnx.jit(lambda s, x: s((), x))(_sampler(kind), jnp.zeros((2, 2 * A), dtype))
 
 
 # README Guarantees, "NaN or inf inside parameters at run time ...".
