@@ -396,7 +396,8 @@ ENTROPY_CASES = [
 ]
 
 
-# README Guarantees, "The entropy estimators' means are within three standard errors".
+# README Guarantees, "The sample entropy estimators' means are within three standard
+# errors".
 @pytest.mark.parametrize(
     "kind, mean, std", ENTROPY_CASES, ids=[f"{k}-{m}-{s}" for k, m, s in ENTROPY_CASES]
 )
