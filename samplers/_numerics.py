@@ -50,7 +50,9 @@ def _tanh_log_det_and_derivative(x):
     magnitude = jnp.abs(x)
     e = jnp.exp(-2.0 * magnitude)
     log_det = 2.0 * (jnp.log(2.0) - magnitude - jnp.log1p(e))
-    return log_det, -2.0 * jnp.sign(x) * (1.0 - e) / (1.0 + e)
+    # The sign as +-1 (not jnp.sign, which is 0 at 0) keeps the derivative of this
+    # rule right at x = 0: d/dx (-2 tanh x) = -2 there, not 0.
+    return log_det, -2.0 * jnp.where(x < 0, -1.0, 1.0) * (1.0 - e) / (1.0 + e)
 
 
 @tanh_log_det.defjvp
