@@ -105,6 +105,9 @@ def test_brax_sampling_is_the_same_transformation_of_the_same_noise(brax_distrib
     np.testing.assert_allclose(pre_image, raw_action, **SAMPLE)
     np.testing.assert_allclose(ours.sample_pre_image(seed=key), raw_action, **SAMPLE)
     np.testing.assert_allclose(action, brax.postprocess(raw_action), **SAMPLE)
+    np.testing.assert_allclose(
+        ours.bijector.forward(raw_action), brax.postprocess(raw_action), **SAMPLE
+    )
     np.testing.assert_allclose(action, brax.sample(jnp.asarray(PARAMS), key), **SAMPLE)
     np.testing.assert_allclose(
         ours.sample(seed=key), brax.sample(jnp.asarray(PARAMS), key), **SAMPLE
@@ -358,10 +361,10 @@ def _rlax_spec():
     return specs.BoundedArray((A,), np.float32, minimum=low, maximum=high)
 
 
-def _rlax_as_samplers(mu, sigma, spec):
+def _rlax_as_samplers(mu, sigma, spec, sigma_max=SIGMA_MAX):
     """The guide's mapping: rlax squashes its mean and std parameters before sampling."""
     mean = jnp.tanh(mu)
-    std = jnp.exp(SIGMA_MIN + 0.5 * (SIGMA_MAX - SIGMA_MIN) * (jnp.tanh(sigma) + 1.0))
+    std = jnp.exp(SIGMA_MIN + 0.5 * (sigma_max - SIGMA_MIN) * (jnp.tanh(sigma) + 1.0))
     bijector = samplers.BoundedTanh(jnp.asarray(spec.minimum), jnp.asarray(spec.maximum))
     return samplers.SquashedNormal(mean, std, bijector)
 
@@ -391,3 +394,23 @@ def test_rlax_entropy_is_the_gaussian_entropy_without_the_squashing(rlax):
     squashed = _squashed_entropy_float64(ours.loc, ours.scale)
     # Of the squashing to [-1, 1]; the BoundedTanh's affine map adds sum(log half_range).
     assert np.all(theirs - squashed > 0.1)
+
+
+@pytest.mark.filterwarnings("ignore:Rlax squashed_gaussian will be deprecated")
+def test_rlax_log_prob_of_a_saturated_sample_is_nan(rlax):
+    spec = _rlax_spec()
+    # tanh(mu) keeps rlax's mean inside (-1, 1) and its default std is at most
+    # exp(0) = 1, so its pre-images hardly ever saturate; a wider std, exp(3), does.
+    sigma_max = 3.0
+    theirs = rlax.squashed_gaussian(SIGMA_MIN, sigma_max)
+    mu = np.full((64, A), 1.0, np.float32)
+    sigma = np.full((64, A), 10.0, np.float32)
+    their_action = theirs.sample(KEYS[0], mu, sigma, spec)
+    bound = np.isclose(their_action, spec.minimum) | np.isclose(their_action, spec.maximum)
+    assert np.any(bound)
+    assert np.any(np.isnan(theirs.logprob(their_action, mu, sigma, spec)))
+    ours = _rlax_as_samplers(mu, sigma, spec, sigma_max)
+    action, _, log_prob = ours.sample_with_pre_image(seed=KEYS[0])
+    np.testing.assert_allclose(action, their_action, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(log_prob))
+    assert np.all(np.isfinite(samplers.log_prob_from_action(ours, action)))
