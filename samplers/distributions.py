@@ -7,7 +7,6 @@ action and its pre-image together, the deterministic action and a reparameterise
 entropy estimate. Functions of arrays and keys only; no state.
 """
 
-import functools
 from collections.abc import Callable
 
 import distrax
@@ -16,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from samplers import _checks
-from samplers._numerics import HALF_LOG_2PI, softplus
-from samplers.bijectors import Tanh
+from samplers import _checks, _squashed
+from samplers._numerics import softplus
+from samplers.bijectors import Tanh, squashing
 
 
 class SquashedNormal(distrax.Transformed):
@@ -28,11 +27,15 @@ class SquashedNormal(distrax.Transformed):
     ``y = f(x)`` for an elementwise bijector ``f`` such as tanh. The density is
     ``log p(y) = log N(x; loc, scale) - sum log|f'(x)|``.
 
-    Numerical caveat: ``log_prob(y)`` (inherited from ``distrax.Transformed``)
-    needs ``x = f^-1(y)``. In float32 ``tanh(x)`` rounds to exactly 1 from
-    ``x ~ 8`` on (XLA's ``tanh``), so ``log_prob(tanh(x))`` is NaN there. Keep the
-    pre-image ``x`` that produced an action and score it with
-    :meth:`log_prob_from_pre_image`, which never inverts and is finite for any
+    ``log_prob(y)`` does not invert ``f`` with ``atanh`` as ``distrax.Transformed``
+    does (NaN once a float32 sample rounds to a bound, from ``|x| ~ 8`` for
+    tanh): for tanh, ``BoundedTanh`` and sigmoid it works from the distances to
+    the bounds, so ``dist.log_prob(dist.sample(seed=key))`` is finite for every
+    sample (see :meth:`log_prob`). What it still costs against storing the
+    pre-image: a sample on a bound is scored at the middle of the float cell that
+    rounds onto the bound, not at its own pre-image, which the sample has lost.
+    Keep the pre-image ``x`` that produced an action and score it with
+    :meth:`log_prob_from_pre_image`, which never inverts and is exact for any
     finite ``x``.
 
     Args:
@@ -49,9 +52,9 @@ class SquashedNormal(distrax.Transformed):
     Example:
         >>> import distrax, jax, jax.numpy as jnp, samplers
         >>> dist = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), distrax.Tanh())
-        >>> action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
-        >>> bool(jnp.allclose(log_prob, dist.log_prob(action), atol=1e-4))
-        True
+        >>> action = jnp.array([0.5, 1.0])  # on the bound in the second dimension
+        >>> dist.log_prob(action)  # distrax.Transformed gives NaN
+        Array(-25.66, dtype=float32)
     """
 
     def __init__(
@@ -89,6 +92,70 @@ class SquashedNormal(distrax.Transformed):
         """Standard deviations of the base Normal."""
         return self._scale
 
+    def log_prob(
+        self, value: Float[ArrayLike, "*sample_and_batch action"]
+    ) -> Float[Array, "*sample_and_batch"]:
+        """Log-density of an action, finite on the closed range ``[low, high]``.
+
+        For ``samplers.Tanh``, ``distrax.Tanh``, ``samplers.BoundedTanh``,
+        ``samplers.Sigmoid`` and ``distrax.Sigmoid`` (``y = c + h tanh(x / k)``, ``k = 2``
+        for sigmoid): with ``d_lo = y - low`` and ``d_hi = high - y``, which float32
+        holds exactly near a bound, ``x = k (log d_lo - log d_hi) / 2`` and
+        ``log|f'(x)| = log d_lo + log d_hi - log(k h)``. Against the float64 change of
+        variables at the same action, the error is within
+        ``4 * eps * (1 + |x| |x - loc| / scale**2 + |log p|)`` per dimension
+        (``eps`` the dtype's machine epsilon, ``2**-23`` in float32) at every distance
+        from the bounds, strictly inside: it does not grow as the action nears a bound.
+        An action on a bound is scored half a float cell inside it, at the middle of
+        the cell of values that round onto the bound (``2**-25`` of the half range
+        for tanh in float32, ``x ~ 9.0``; the smallest normal float at sigmoid's 0,
+        ``x ~ -87.3``), so a sample that rounded onto a bound gets the density of that
+        point, not of its own pre-image, which it has lost: store the pre-image and use
+        :meth:`log_prob_from_pre_image` where that matters. Gradients with respect to
+        the action, ``loc``, ``scale`` and the bounds are finite everywhere in
+        ``[low, high]``. Actions outside it, or NaN, give NaN.
+
+        Other bijectors (the identity, a chain, a user's bijector) use
+        ``distrax.Transformed.log_prob``, which inverts ``f``.
+
+        Args:
+            value: Actions, shape broadcastable with ``[*batch, action]`` (e.g.
+                ``[*sample, *batch, action]``), as ``distrax`` broadcasts them.
+
+        Returns:
+            ``log p(value)``, the broadcast shape without its last axis.
+
+        Raises:
+            ValueError: ``value`` does not broadcast with the distribution's shape.
+        """
+        bounds = squashing(self.bijector)
+        if bounds is None:
+            return super().log_prob(value)
+        action, loc, scale = self._broadcast("value", value)
+        return _squashed.log_prob_from_action(bounds, action, loc, scale)
+
+    def _broadcast(self, name: str, value) -> tuple[Array, Array, Array]:
+        """``value``, ``loc`` and ``scale`` broadcast together, in their common dtype."""
+        value = jnp.asarray(value)
+        try:
+            shape = jnp.broadcast_shapes(value.shape, self._loc.shape)
+        except ValueError:
+            raise ValueError(
+                f"{name} must broadcast with the distribution's shape [*batch, action] = "
+                f"{self._loc.shape}, got {value.shape}; give it shape [*sample, *batch, action]."
+            ) from None
+        dtype = jnp.result_type(value, self._loc)
+        return tuple(
+            jnp.broadcast_to(a, shape).astype(dtype) for a in (value, self._loc, self._scale)
+        )
+
+    def _sample_n_and_log_prob(self, key: PRNGKeyArray, n: int) -> tuple[Array, Array]:
+        # distrax's version is the same no-inverse path, but broadcasts the base
+        # Normal's parameters against the sample axis implicitly (refused under
+        # jax_numpy_rank_promotion="raise"); this scores exactly the pre-image.
+        pre_image = self.distribution.sample(seed=key, sample_shape=n)
+        return jax.vmap(self.forward_and_log_prob)(pre_image)
+
     def _log_det(self, x):
         # The elementwise log-determinant, taken from the (possibly rebuilt) bijector
         # each time rather than stored, so a distribution that crossed a jit
@@ -105,7 +172,7 @@ class SquashedNormal(distrax.Transformed):
         Gradients reach ``loc``, ``scale``, ``pre_image`` and the bijector's
         parameters.
         """
-        return _log_prob(self._log_det, pre_image, self._loc, self._scale)
+        return _squashed.log_prob_from_pre_image(self._log_det, pre_image, self._loc, self._scale)
 
     def forward_and_log_prob(
         self, pre_image: Float[Array, "*batch action"]
@@ -156,7 +223,7 @@ class SquashedNormal(distrax.Transformed):
         """
         num_samples = _checks.positive_int("num_samples", num_samples)
         eps = _standard_normal(seed, self._loc, num_samples)
-        return _entropy_estimate(self._log_det, self._loc, self._scale, eps)
+        return _squashed.entropy_estimate(self._log_det, self._loc, self._scale, eps)
 
     def entropy_quadrature(self, num_points: int = 8) -> Float[Array, "*batch"]:
         """The entropy by Gauss-Hermite quadrature of ``E[log|f'(x)|]``, in nats.
@@ -205,83 +272,6 @@ def _standard_normal(seed, loc, num_samples: int | None = None):
 
 def _is_key_array(seed) -> bool:
     return jax.dtypes.issubdtype(getattr(seed, "dtype", None), jax.dtypes.prng_key)
-
-
-# Both kernels below save their derivatives in the forward pass. Left to autodiff,
-# XLA's CPU backend recomputes the noise draw (threefry and erfinv) inside the
-# backward pass, which costs about a quarter of a PPO loss step. Parameters that
-# the log-determinant closes over (e.g. bounds) are hoisted into arguments so
-# that gradients still reach them.
-
-
-def _log_prob(log_det, x, loc, scale):
-    log_det, params = jax.closure_convert(log_det, x)
-    return _log_prob_kernel(log_det, x, loc, scale, *params)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _log_prob_kernel(log_det, x, loc, scale, *params):
-    return _log_prob_forward(log_det, x, loc, scale, *params)[0]
-
-
-def _log_prob_forward(log_det, x, loc, scale, *params):
-    inverse_scale = 1.0 / scale
-    standardized = (x - loc) * inverse_scale
-    log_dets, log_det_vjp = jax.vjp(log_det, x, *params)
-    # (-0.5 * z) * z, not -0.5 * (z * z): sharing z * z with d_scale below makes
-    # XLA's CPU backend fuse a PPO loss step into loops about 1.2x slower.
-    log_prob = jnp.sum(
-        -0.5 * standardized * standardized - (HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
-    )
-    d_loc = standardized * inverse_scale
-    d_x = -d_loc - log_det_vjp(jnp.ones_like(log_dets))[0]
-    d_scale = (jnp.square(standardized) - 1.0) * inverse_scale
-    return log_prob, (d_x, d_loc, d_scale, log_det_vjp)
-
-
-def _log_prob_backward(log_det, residuals, cotangent):
-    *derivatives, log_det_vjp = residuals
-    cotangent = jnp.broadcast_to(cotangent[..., None], derivatives[0].shape)
-    d_params = log_det_vjp(-cotangent)[1:]
-    return (*(cotangent * d for d in derivatives), *d_params)
-
-
-_log_prob_kernel.defvjp(_log_prob_forward, _log_prob_backward)
-
-
-def _entropy_estimate(log_det, loc, scale, eps):
-    # Inside shard_map, a key shared by all shards gives replicated noise, and a
-    # custom_vjp body does not cast it to per-shard as ordinary operations do;
-    # this addition, outside the body, does (XLA removes it).
-    eps = eps + jnp.zeros_like(loc)[None]
-    log_det, params = jax.closure_convert(log_det, eps)  # eps has the shape log_det sees
-    return _entropy_estimate_kernel(log_det, eps.shape[0], loc, scale, eps, *params)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _entropy_estimate_kernel(log_det, num_samples, loc, scale, eps, *params):
-    return _entropy_estimate_forward(log_det, num_samples, loc, scale, eps, *params)[0]
-
-
-def _entropy_estimate_forward(log_det, num_samples, loc, scale, eps, *params):
-    # eps has a leading sample axis; the estimate averages over it.
-    log_dets, log_det_vjp = jax.vjp(log_det, loc[None] + scale[None] * eps, *params)
-    mean_log_det = jnp.mean(log_dets, axis=0)
-    entropy = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(scale) + mean_log_det, axis=-1)
-    derivative = log_det_vjp(jnp.ones_like(log_dets))[0]
-    d_loc = jnp.mean(derivative, axis=0)
-    d_scale = 1.0 / scale + jnp.mean(derivative * eps, axis=0)
-    return entropy, (d_loc, d_scale, log_det_vjp)
-
-
-def _entropy_estimate_backward(log_det, num_samples, residuals, cotangent):
-    d_loc, d_scale, log_det_vjp = residuals
-    cotangent = jnp.broadcast_to(cotangent[..., None], d_loc.shape)
-    d_params = log_det_vjp(jnp.broadcast_to(cotangent / num_samples, (num_samples, *d_loc.shape)))
-    return (cotangent * d_loc, cotangent * d_scale, None, *d_params[1:])
-
-
-_entropy_estimate_kernel.defvjp(_entropy_estimate_forward, _entropy_estimate_backward)
 
 
 def squashed_normal(
@@ -356,6 +346,127 @@ def normal_tanh(
         (Array([1.001, 1.001], dtype=float32), Array([0., 0.], dtype=float32))
     """
     return squashed_normal(mean_and_std, Tanh(), min_std=min_std, std_scale=std_scale)
+
+
+# A module-level instance, so that the default is not a call in the signature.
+_TANH = Tanh()
+
+
+def squashed_normal_from_std(
+    mean: Float[ArrayLike, "*batch action"],
+    std: Float[ArrayLike, "*batch action"],
+    bijector: distrax.Bijector | Callable = _TANH,
+    *,
+    min_std: float = 0.0,
+) -> SquashedNormal:
+    """Builds a :class:`SquashedNormal` from a mean and a standard deviation.
+
+    ``std + min_std`` is floored at the smallest normal float (``1.2e-38`` in
+    float32), as in :func:`squashed_normal`, so that a std that underflowed to 0
+    stays positive. A negative or NaN ``std`` cannot be refused inside a jitted
+    function: its dimensions get a NaN std, so their log-densities, samples and
+    moments are NaN, never a finite number.
+
+    Args:
+        mean: Means of the base Normal, shape ``[*batch, action]``, floating.
+        std: Standard deviations, the same shape, floating, ``> 0``.
+        bijector: Elementwise squashing, ``samplers.Tanh()`` by default; e.g.
+            ``samplers.BoundedTanh(low, high)``, ``samplers.Sigmoid()``.
+        min_std: Added to ``std``, ``>= 0``.
+
+    Returns:
+        A ``SquashedNormal`` with batch shape ``[*batch]`` and event shape
+        ``[action]``, in the inputs' common dtype; float16 and bfloat16 are
+        computed (and returned) in float32.
+
+    Raises:
+        TypeError: ``mean`` or ``std`` is not floating, or ``min_std`` is not a number.
+        ValueError: the shapes differ or have no action axis, or ``min_std < 0``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> dist = samplers.squashed_normal_from_std(jnp.zeros(2), jnp.array([0.5, -1.0]))
+        >>> dist.scale
+        Array([0.5, nan], dtype=float32)
+    """
+    mean, std = _mean_and_spread("std", mean, std)
+    min_std = _checks.real_number("min_std", min_std, minimum=0.0)
+    tiny = jnp.finfo(std.dtype).tiny
+    std = jnp.where(std >= 0, jnp.maximum(std + min_std, tiny), jnp.nan)
+    return SquashedNormal(mean, std, bijector)
+
+
+def squashed_normal_from_log_std(
+    mean: Float[ArrayLike, "*batch action"],
+    log_std: Float[ArrayLike, "*batch action"],
+    bijector: distrax.Bijector | Callable = _TANH,
+    *,
+    log_std_min: float | None = None,
+    log_std_max: float | None = None,
+) -> SquashedNormal:
+    """Builds a :class:`SquashedNormal` from a mean and a log standard deviation.
+
+    ``std = exp(clip(log_std, log_std_min, log_std_max))``, each bound optional
+    (SAC implementations commonly clip to ``[-20, 2]`` or ``[-5, 2]``; the clip
+    stops the gradient outside the bounds, as theirs does), then floored at the
+    smallest normal float as in :func:`squashed_normal` (``exp(-104)`` underflows
+    in float32). A NaN ``log_std`` gives a NaN std.
+
+    Args:
+        mean: Means of the base Normal, shape ``[*batch, action]``, floating.
+        log_std: Natural logarithms of the standard deviations, the same shape,
+            floating.
+        bijector: Elementwise squashing, ``samplers.Tanh()`` by default.
+        log_std_min: Lower clip of ``log_std``, or ``None`` for none.
+        log_std_max: Upper clip of ``log_std``, or ``None`` for none.
+
+    Returns:
+        A ``SquashedNormal`` as :func:`squashed_normal_from_std` returns it.
+
+    Raises:
+        TypeError: ``mean`` or ``log_std`` is not floating, or a bound is not a number.
+        ValueError: the shapes differ or have no action axis, a bound is not
+            finite, or ``log_std_min > log_std_max``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> log_std = jnp.array([-30.0, 0.0, 5.0])
+        >>> dist = samplers.squashed_normal_from_log_std(
+        ...     jnp.zeros(3), log_std, log_std_min=-20.0, log_std_max=2.0
+        ... )
+        >>> dist.scale
+        Array([2.061e-09, 1.000e+00, 7.389e+00], dtype=float32)
+    """
+    mean, log_std = _mean_and_spread("log_std", mean, log_std)
+    if log_std_min is not None:
+        log_std_min = _checks.real_number("log_std_min", log_std_min)
+    if log_std_max is not None:
+        log_std_max = _checks.real_number("log_std_max", log_std_max)
+    if log_std_min is not None and log_std_max is not None and log_std_min > log_std_max:
+        raise ValueError(
+            f"log_std_min must be <= log_std_max, got {log_std_min} > {log_std_max}; "
+            f"swap them (e.g. log_std_min=-20.0, log_std_max=2.0)."
+        )
+    std = jnp.exp(jnp.clip(log_std, log_std_min, log_std_max))
+    std = jnp.maximum(std, jnp.finfo(std.dtype).tiny)
+    return SquashedNormal(mean, std, bijector)
+
+
+def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
+    """``mean`` and ``spread`` (std or log-std) checked, in one dtype of at least 32 bits."""
+    mean = _checks.float_array("mean", mean)
+    spread = _checks.float_array(name, spread)
+    if mean.shape != spread.shape or mean.ndim < 1:
+        raise ValueError(
+            f"mean and {name} must have the same shape [*batch, action], got {mean.shape} "
+            f"and {spread.shape}; broadcast them yourself (e.g. a state-independent {name} "
+            f"with jnp.broadcast_to({name}, mean.shape))."
+        )
+    dtype = jnp.result_type(mean, spread)
+    if jnp.finfo(dtype).bits < 32:
+        # float16 and bfloat16 lose the tails of log-densities: compute in float32.
+        dtype = jnp.float32
+    return mean.astype(dtype), spread.astype(dtype)
 
 
 def _check_keeps_shape(bijector: distrax.Bijector, loc) -> None:
