@@ -74,7 +74,7 @@ def _peer_rank_promotion():
 
 
 def _ours_from_std(mean, std):
-    return samplers.SquashedNormal(jnp.asarray(mean), jnp.asarray(std), samplers.Tanh())
+    return samplers.squashed_normal_from_std(jnp.asarray(mean), jnp.asarray(std))
 
 
 # Brax -------------------------------------------------------------------------------
@@ -141,6 +141,7 @@ def test_brax_scoring_a_stored_saturated_action_goes_through_an_infinite_inverse
     assert not np.all(np.isfinite(brax.inverse_postprocess(action)))
     assert np.any(np.isnan(brax.log_prob(params, brax.inverse_postprocess(action))))
     ours = samplers.normal_tanh(params)
+    assert np.all(np.isfinite(ours.log_prob(action)))
     assert np.all(np.isfinite(samplers.log_prob_from_action(ours, action)))
 
 
@@ -178,6 +179,24 @@ def test_brax_entropy_is_a_one_sample_estimate_that_entropy_estimate_reproduces(
     assert abs(np.mean(theirs) - exact) < 3 * standard_error
 
 
+_OWN_METHODS = pytest.mark.skipif(
+    not {"mode", "median", "entropy"} <= set(vars(samplers.SquashedNormal)),
+    reason="SquashedNormal does not define mode, median and entropy itself",
+)
+
+
+@_OWN_METHODS
+def test_mode_median_and_entropy_methods_are_the_mode_the_median_and_a_refusal(
+    brax_distribution,
+):
+    brax = brax_distribution.NormalTanhDistribution(A)
+    ours = samplers.normal_tanh(PARAMS)
+    np.testing.assert_allclose(ours.median(), brax.mode(jnp.asarray(PARAMS)), **SAMPLE)
+    np.testing.assert_array_equal(ours.mode(), samplers.mode(ours))
+    with pytest.raises(NotImplementedError, match=r"entropy_estimate.*entropy_quadrature"):
+        ours.entropy()
+
+
 # distrax ----------------------------------------------------------------------------
 
 
@@ -212,6 +231,7 @@ def test_distrax_log_prob_of_a_stored_action_matches_inside_the_range():
     with _peer_rank_promotion():
         theirs_scored = theirs.log_prob(action)
     np.testing.assert_allclose(ours.log_prob_from_pre_image(pre_image), theirs_scored, **LOG_PROB)
+    np.testing.assert_allclose(ours.log_prob(action), theirs_scored, **LOG_PROB)
     np.testing.assert_allclose(
         samplers.log_prob_from_action(ours, action), theirs_scored, **LOG_PROB
     )
@@ -233,6 +253,9 @@ def test_distrax_log_prob_of_its_own_saturated_sample_is_nan():
     np.testing.assert_array_equal(our_action, action)
     assert np.all(np.isfinite(their_log_prob))
     np.testing.assert_allclose(our_log_prob, their_log_prob, **LOG_PROB)
+    # Scoring the action afterwards is finite too, on the bounds included.
+    assert np.all(np.isfinite(ours.log_prob(action)))
+    assert np.all(np.isfinite(jax.jit(lambda k: ours.log_prob(ours.sample(seed=k)))(KEYS[0])))
     assert np.all(np.isfinite(samplers.log_prob_from_action(ours, action)))
 
 
@@ -322,6 +345,7 @@ def test_tfp_scores_its_own_saturated_sample_only_through_its_cache():
     assert np.all(np.isfinite(scored_under_jit))
     assert np.any(np.isnan(scored_copy))
     np.testing.assert_allclose(ours.log_prob_from_pre_image(pre_image), scored, **LOG_PROB)
+    assert np.all(np.isfinite(ours.log_prob(stored)))
     assert np.all(np.isfinite(samplers.log_prob_from_action(ours, stored)))
 
 
@@ -342,6 +366,26 @@ def test_tfp_tanh_of_the_base_mode_is_the_median():
         >= _log_density_float64(tanh_of_base_mode, MEAN, STD) - 1e-6
     )
     assert np.any(np.abs(np.asarray(mode) - np.asarray(tanh_of_base_mode)) > 0.1)
+
+
+@pytest.mark.parametrize("base, rows", SAME_NOISE.values(), ids=SAME_NOISE.keys())
+def test_tfp_clipped_log_std_pattern_is_squashed_normal_from_log_std(base, rows):
+    # Some log-stds outside [-2, 0], which both sides clip. (A std of exp(0) = 1 keeps
+    # the pre-images inside (-4, 4); one far below exp(-2) would make the float32
+    # action too coarse to score against the other side's inverse.)
+    log_std = np.log(STD) + np.array([0.0, 25.0, -30.0], np.float32)
+    theirs = _tfp_tanh_normal(MEAN[rows], np.exp(np.clip(log_std[rows], -2.0, 0.0)), base)
+    ours = samplers.squashed_normal_from_log_std(
+        MEAN[rows], log_std[rows], log_std_min=-2.0, log_std_max=0.0
+    )
+    action, pre_image, log_prob = ours.sample_with_pre_image(seed=KEYS[2])
+    _assert_unsaturated(pre_image)
+    with _peer_rank_promotion():
+        their_action, their_log_prob = theirs.experimental_sample_and_log_prob(seed=KEYS[2])
+        their_score = theirs.log_prob(np.asarray(action))
+    np.testing.assert_allclose(action, their_action, **SAMPLE)
+    np.testing.assert_allclose(log_prob, their_log_prob, **LOG_PROB)
+    np.testing.assert_allclose(ours.log_prob(action), their_score, **LOG_PROB)
 
 
 # rlax -------------------------------------------------------------------------------
@@ -381,9 +425,9 @@ def test_rlax_squashed_gaussian_maps_onto_bounded_tanh(rlax, key):
     their_action = theirs.sample(key, MEAN, RAW_STD, spec)
     # rlax composes tanh with two affine maps, BoundedTanh with one: a few ulps apart.
     np.testing.assert_allclose(action, their_action, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(
-        log_prob, theirs.logprob(their_action, MEAN, RAW_STD, spec), rtol=1e-4, atol=1e-4
-    )
+    their_log_prob = theirs.logprob(their_action, MEAN, RAW_STD, spec)
+    np.testing.assert_allclose(log_prob, their_log_prob, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ours.log_prob(their_action), their_log_prob, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.filterwarnings("ignore:Rlax squashed_gaussian will be deprecated")

@@ -15,6 +15,7 @@ best action; the program prints the loss and that distance before and after.
 import argparse
 import functools
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,8 @@ import optax
 from flax import linen
 
 import samplers
+
+_DESCRIPTION = "Trains a flax.linen SAC actor that returns a samplers.SquashedNormal."
 
 
 class LinenActor(linen.Module):
@@ -62,8 +65,9 @@ class LinenActor(linen.Module):
 
     def __call__(self, observation: jax.Array) -> samplers.SquashedNormal:
         mean, log_std = self.distribution_parameters(observation)
-        std = jnp.exp(jnp.clip(log_std, self.log_std_min, self.log_std_max))
-        return samplers.SquashedNormal(mean, std, samplers.Tanh())
+        return samplers.squashed_normal_from_log_std(
+            mean, log_std, log_std_min=self.log_std_min, log_std_max=self.log_std_max
+        )
 
 
 def sac_actor_loss(
@@ -94,7 +98,8 @@ def sac_actor_loss(
         >>> bool(jnp.isfinite(loss))
         True
     """
-    dist = actor.apply(params, observations)
+    # Linen types apply's result loosely (the output, or it and the mutated state).
+    dist = cast(samplers.SquashedNormal, actor.apply(params, observations))
     action, _, log_prob = dist.sample_with_pre_image(seed=key)
     return jnp.mean(alpha * log_prob - critic(observations, action))
 
@@ -109,7 +114,7 @@ def _made_up_critic(weights: jax.Array) -> Callable[[jax.Array, jax.Array], jax.
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Trains the actor against the made-up critic; returns and prints a summary."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=_DESCRIPTION)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--alpha", type=float, default=0.01)
@@ -134,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return optax.apply_updates(params, updates), opt_state, loss
 
     def distance_to_best(params):
-        median = actor.apply(params, observations).deterministic_action()
+        dist = cast(samplers.SquashedNormal, actor.apply(params, observations))
+        median = dist.deterministic_action()
         return float(jnp.mean(jnp.abs(median - jnp.tanh(observations @ weights))))
 
     summary = {"initial_distance": distance_to_best(params)}
