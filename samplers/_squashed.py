@@ -101,11 +101,12 @@ def _distance_floors(low, high, half_range, k, min_distance):
 
 
 def standardized_pre_image(bounds: Squashing, action, loc, scale):
-    """``(f^-1(y) - loc) / scale`` from the distances, exactly ``-inf``/``+inf`` on the
-    low/high bound and NaN outside the range or for invalid parameters.
+    """``(f^-1(y) - loc) / scale`` from the distances: exactly ``-inf`` on and below
+    ``low``, ``+inf`` on and above ``high``, NaN for invalid parameters.
 
-    Not clamped (a CDF is exact on the bound); distances that XLA would flush to
-    zero count as on the bound. Gradients are finite everywhere inside.
+    Not clamped (a CDF is exact on the bound and 0 or 1 beyond it); distances
+    that XLA would flush to zero count as on the bound. Gradients are finite
+    everywhere inside.
     """
     low, high, _ = _bounds_like(bounds, action)
     tiny = jnp.finfo(action.dtype).tiny
@@ -118,8 +119,7 @@ def standardized_pre_image(bounds: Squashing, action, loc, scale):
     standardized = jnp.where(
         on_high, jnp.inf, jnp.where(on_low, -jnp.inf, (pre_image - loc) / scale)
     )
-    invalid = (to_low < 0) | (to_high < 0) | ~valid_parameters(loc, scale)
-    return jnp.where(invalid, jnp.nan, standardized)
+    return jnp.where(valid_parameters(loc, scale), standardized, jnp.nan)
 
 
 # 64 halvings shrink the bracket [|m|, |m| + 2 s**2] by 2**-64, past float32 resolution

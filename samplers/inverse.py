@@ -50,12 +50,13 @@ def log_prob_from_action(
     avoids; nothing grows as the action approaches the bound.
 
     Only actions on a bound are clamped: their distance is raised to half a
-    float step, the middle of the cell of values that round onto the bound
-    (``2**-25`` for ``Tanh``, i.e. ``x ~ 9.0``; the smallest normal float at
-    sigmoid's 0), or to ``min_distance``. Gradients with respect to ``loc``,
-    ``scale`` and the action are finite everywhere in ``[low, high]``. Actions
-    outside it give NaN (an action past a bound is not a sample of this
-    distribution; clip it first if it is a rounding artefact).
+    float step (the coarser of the action's spacing at the bound and tanh's
+    step; ``2**-25`` for ``Tanh``, i.e. ``x ~ 9.0``; the smallest normal float at
+    sigmoid's 0), or, with ``min_distance``, every distance below it to it.
+    Gradients with respect to ``loc``, ``scale`` and the action are finite
+    everywhere in ``[low, high]``. Actions outside it give NaN (an action past a
+    bound is not a sample of this distribution; clip it first if it is a
+    rounding artefact).
 
     Other libraries clip the action instead. Acme clips at ``|y| = 0.999`` and
     from there on uses the average density of the tail, so ``log p`` jumps at the

@@ -9,6 +9,7 @@ squashed Normal factorises over the action dimensions, so the mode is found one
 dimension at a time.
 """
 
+import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from samplers import _squashed
@@ -96,4 +97,4 @@ def mode(dist: SquashedNormal) -> Float[Array, "*batch action"]:
         (Array([0.978], dtype=float32), Array([0.291], dtype=float32))
     """
     pre_image = mode_pre_image(dist)
-    return dist.bijector.forward(pre_image)
+    return jnp.asarray(dist.bijector.forward(pre_image))
