@@ -17,7 +17,13 @@ from samplers.diagnostics import (
     saturation_fraction,
 )
 from samplers.distribution_sampler import DistributionSampler
-from samplers.distributions import SquashedNormal, normal_tanh, squashed_normal
+from samplers.distributions import (
+    SquashedNormal,
+    normal_tanh,
+    squashed_normal,
+    squashed_normal_from_log_std,
+    squashed_normal_from_std,
+)
 from samplers.inverse import log_prob_from_action
 from samplers.mode import mode, mode_pre_image
 from samplers.sampler import (
@@ -54,4 +60,6 @@ __all__ = [
     "ppo_log_ratio_stats",
     "saturation_fraction",
     "squashed_normal",
+    "squashed_normal_from_log_std",
+    "squashed_normal_from_std",
 ]

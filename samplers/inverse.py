@@ -9,12 +9,10 @@ float32 represents exactly near a bound, and clamps only actions that lie on a
 bound.
 """
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from samplers import _checks
-from samplers._numerics import HALF_LOG_2PI
+from samplers import _checks, _squashed
 from samplers.bijectors import bijector_name, squashing
 from samplers.distributions import SquashedNormal
 
@@ -25,21 +23,24 @@ def log_prob_from_action(
     *,
     min_distance: float | None = None,
 ) -> Float[Array, "*sample_and_batch"]:
-    """Log-density of a stored tanh-squashed action, finite up to and on the bounds.
+    """Log-density of a stored squashed action, finite up to and on the bounds.
 
-    Inverts the squashing from the distances to the bounds instead of from the
+    Inverts the squashing ``y = center + half_range * tanh(x / k)`` (``k = 1`` for
+    tanh, 2 for sigmoid) from the distances to the bounds instead of from the
     action: with ``d_hi = high - y``, ``d_lo = y - low`` and
     ``half_range = (high - low) / 2``,
 
-    ``x = (log d_lo - log d_hi) / 2`` and
-    ``log|f'(x)| = log d_lo + log d_hi - log half_range``,
+    ``x = k * (log d_lo - log d_hi) / 2`` and
+    ``log|f'(x)| = log d_lo + log d_hi - log(k * half_range)``,
 
     so ``log p(y) = log N(x; loc, scale) - log|f'(x)|``. Near a bound ``d_hi`` is
     exact in floating point (Sterbenz's lemma). The usual route,
     ``atanh((y - center) / half_range)``, is as accurate for ``Tanh`` strictly
     inside ``(-1, 1)`` but NaN on a bound, and for most other bounds the division
     rounds ``1 - u``: with ``BoundedTanh(-0.1, 0.3)`` it is 0.7 nats off at
-    ``1e-7`` of the half range from a bound.
+    ``1e-7`` of the half range from a bound. ``dist.log_prob(action)`` computes
+    the same value; this function adds ``min_distance`` and refuses actions
+    whose shape does not end in the distribution's.
 
     Error bound: against the float64 change of variables at the same float32
     action, the result is within
@@ -48,20 +49,26 @@ def log_prob_from_action(
     middle term is the cost of rounding ``x`` itself, which no float32 method
     avoids; nothing grows as the action approaches the bound.
 
-    Only actions on (or past) a bound are clamped: their distance is raised to
-    half a float step, the middle of the cell of values that round onto the
-    bound (``2**-25`` for ``Tanh``, i.e. ``x ~ 9.0``), or to ``min_distance``.
+    Only actions on a bound are clamped: their distance is raised to half a
+    float step (the coarser of the action's spacing at the bound and tanh's
+    step; ``2**-25`` for ``Tanh``, i.e. ``x ~ 9.0``; the smallest normal float at
+    sigmoid's 0), or, with ``min_distance``, every distance below it to it.
     Gradients with respect to ``loc``, ``scale`` and the action are finite
-    everywhere. Other libraries clip the action instead. Acme clips at
-    ``|y| = 0.999`` and from there on uses the average density of the tail, so
-    ``log p`` jumps at the threshold (0.7 nats for ``loc=0, scale=1``) and is up
-    to 20 nats off near the bound.
+    everywhere in ``[low, high]``. Actions outside it give NaN (an action past a
+    bound is not a sample of this distribution; clip it first if it is a
+    rounding artefact).
+
+    Other libraries clip the action instead. Acme clips at ``|y| = 0.999`` and
+    from there on uses the average density of the tail, so ``log p`` jumps at the
+    threshold (0.7 nats for ``loc=0, scale=1``) and is up to 20 nats off near the
+    bound.
     Stable-Baselines3 clamps at ``1 - 2**-23`` and uses ``log(1 - y**2 + 1e-6)``
     as the Jacobian, 0.4 nats off at ``1e-6`` from a bound and 1.6 at ``1e-7``.
 
     Args:
         dist: A :class:`SquashedNormal` whose bijector is ``samplers.Tanh``,
-            ``distrax.Tanh`` or ``samplers.BoundedTanh``.
+            ``distrax.Tanh``, ``samplers.BoundedTanh``, ``samplers.Sigmoid`` or
+            ``distrax.Sigmoid``.
         action: Actions in ``[low, high]``, shape ``[*sample, *batch, action]``
             (ending in the distribution's shape), floating.
         min_distance: The smallest distance to a bound, as a fraction of the
@@ -69,11 +76,12 @@ def log_prob_from_action(
             values clamp like other libraries do (e.g. ``1e-3`` for Acme's 0.999).
 
     Returns:
-        ``log p(action)``, shape ``[*sample, *batch]``.
+        ``log p(action)``, shape ``[*sample, *batch]``; NaN where an action is
+        outside ``[low, high]``.
 
     Raises:
         TypeError: ``dist`` is not a ``SquashedNormal``, its bijector is not in
-            the tanh family, or ``action`` is not floating.
+            the tanh family (sigmoid included), or ``action`` is not floating.
         ValueError: ``action``'s shape does not end in the distribution's, or
             ``min_distance`` is not in ``(0, 1)``.
 
@@ -90,10 +98,10 @@ def log_prob_from_action(
             f"with samplers.normal_tanh or samplers.squashed_normal."
         )
     bounds = squashing(dist.bijector)
-    if bounds is None or bounds.pre_image_scale != 1.0:
+    if bounds is None:
         raise TypeError(
-            f"log_prob_from_action supports samplers.Tanh, distrax.Tanh and "
-            f"samplers.BoundedTanh, got {bijector_name(dist.bijector)}; for other bijectors "
+            f"log_prob_from_action supports samplers.Tanh, distrax.Tanh, samplers.BoundedTanh "
+            f"and sigmoid, got {bijector_name(dist.bijector)}; for other bijectors "
             f"use dist.log_prob(action), or store the pre-image when sampling and score it "
             f"with dist.log_prob_from_pre_image."
         )
@@ -112,39 +120,5 @@ def log_prob_from_action(
             )
     dtype = jnp.result_type(action, dist.loc)
     action = action.astype(dtype)
-    low = jnp.broadcast_to(jnp.asarray(bounds.low, dtype), action.shape)
-    high = jnp.broadcast_to(jnp.asarray(bounds.high, dtype), action.shape)
-    half_range = (high - low) / 2
-    floor_low, floor_high = _distance_floors(low, high, half_range, min_distance)
-    to_low, to_high = action - low, high - action
-    # Clamping one distance moves the action, so the other distance moves with it.
-    log_to_low = jnp.log(
-        jnp.where(to_high < floor_high, 2 * half_range - floor_high, jnp.maximum(to_low, floor_low))
-    )
-    log_to_high = jnp.log(
-        jnp.where(to_low < floor_low, 2 * half_range - floor_low, jnp.maximum(to_high, floor_high))
-    )
-    pre_image = 0.5 * (log_to_low - log_to_high)
-    log_det = log_to_low + log_to_high - jnp.log(half_range)
-    loc, scale = (jnp.broadcast_to(a, action.shape) for a in (dist.loc, dist.scale))
-    standardized = (pre_image - loc) / scale
-    log_normal = -0.5 * jnp.square(standardized) - (HALF_LOG_2PI + jnp.log(scale))
-    return jnp.sum(log_normal - log_det, axis=-1)
-
-
-def _distance_floors(low, high, half_range, min_distance):
-    """Half a float step inside each bound, in action units.
-
-    ``tanh`` near 1 moves in steps of ``epsneg`` (``2**-24`` in float32), i.e.
-    ``half_range * epsneg`` in action units; the action itself cannot resolve
-    less than its own spacing at the bound. The coarser of the two is the
-    width of the cell that rounds onto the bound, and half of it its middle.
-    """
-    if min_distance is not None:
-        floor = min_distance * half_range
-        return floor, floor
-    low, high, half_range = (jax.lax.stop_gradient(a) for a in (low, high, half_range))
-    tanh_step = half_range * jnp.finfo(half_range.dtype).epsneg
-    floor_low = 0.5 * jnp.maximum(tanh_step, jnp.nextafter(low, high) - low)
-    floor_high = 0.5 * jnp.maximum(tanh_step, high - jnp.nextafter(high, low))
-    return floor_low, floor_high
+    loc, scale = (jnp.broadcast_to(a, action.shape).astype(dtype) for a in (dist.loc, dist.scale))
+    return _squashed.log_prob_from_action(bounds, action, loc, scale, min_distance)

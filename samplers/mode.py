@@ -9,16 +9,12 @@ squashed Normal factorises over the action dimensions, so the mode is found one
 dimension at a time.
 """
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from samplers import _squashed
 from samplers.bijectors import bijector_name, squashing
 from samplers.distributions import SquashedNormal
-
-# 64 halvings shrink the bracket [|m|, |m| + 2 s**2] by 2**-64, past float32 resolution
-# of the root unless it lies within ~1e-19 * s**2 of zero, where the gap is negligible.
-_BISECTION_STEPS = 64
 
 
 def mode_pre_image(dist: SquashedNormal) -> Float[Array, "*batch action"]:
@@ -71,30 +67,7 @@ def mode_pre_image(dist: SquashedNormal) -> Float[Array, "*batch action"]:
             f"distrax.Sigmoid, got {bijector_name(dist.bijector)}; for the identity the "
             f"mode is dist.loc."
         )
-    k = bounds.pre_image_scale
-    loc = jax.lax.stop_gradient(dist.loc) / k
-    scale = jax.lax.stop_gradient(dist.scale) / k
-    return k * _signed_largest_root(loc, 2.0 * jnp.square(scale))
-
-
-@jax.jit
-def _signed_largest_root(loc, pull):
-    """``sign(loc) * t`` for the largest root ``t`` of ``t = |loc| + pull * tanh(t)``."""
-    magnitude = jnp.abs(loc)
-
-    def excess(t):
-        # Convex for t >= 0 and <= 0 at t = |loc|, so positive exactly past the root.
-        return t - magnitude - pull * jnp.tanh(t)
-
-    def bisect(_, bracket):
-        lo, hi = bracket
-        mid = 0.5 * (lo + hi)
-        past = excess(mid) > 0
-        return jnp.where(past, lo, mid), jnp.where(past, mid, hi)
-
-    lo, hi = jax.lax.fori_loop(0, _BISECTION_STEPS, bisect, (magnitude, magnitude + pull))
-    root = 0.5 * (lo + hi)
-    return jnp.where(loc < 0, -root, root)
+    return _squashed.mode_pre_image(dist.loc, dist.scale, bounds.pre_image_scale)
 
 
 def mode(dist: SquashedNormal) -> Float[Array, "*batch action"]:
@@ -124,4 +97,4 @@ def mode(dist: SquashedNormal) -> Float[Array, "*batch action"]:
         (Array([0.978], dtype=float32), Array([0.291], dtype=float32))
     """
     pre_image = mode_pre_image(dist)
-    return dist.bijector.forward(pre_image)
+    return jnp.asarray(dist.bijector.forward(pre_image))

@@ -36,6 +36,8 @@ def test_public_names_are_pinned():
         "ppo_log_ratio_stats",
         "saturation_fraction",
         "squashed_normal",
+        "squashed_normal_from_log_std",
+        "squashed_normal_from_std",
     ]
     assert all(hasattr(samplers, name) for name in samplers.__all__)
 

@@ -82,7 +82,10 @@ def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
     pre_image = jnp.array([z])
     action = jnp.tanh(pre_image)
     assert jnp.abs(action[0]) == 1.0  # float32 tanh has saturated
-    assert jnp.isnan(dist.log_prob(action))  # distrax inverts: atanh(1) = inf
+    plain = distrax.Transformed(
+        distrax.MultivariateNormalDiag(dist.loc, dist.scale), distrax.Block(distrax.Tanh(), 1)
+    )
+    assert jnp.isnan(plain.log_prob(action))  # distrax inverts: atanh(1) = inf
 
     def loss(p):
         return samplers.normal_tanh(p).log_prob_from_pre_image(pre_image)
@@ -410,3 +413,153 @@ def test_an_empty_batch_gives_empty_outputs():
     action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
     assert action.shape == pre_image.shape == (0, A) and log_prob.shape == (0,)
     assert dist.entropy_estimate(seed=jax.random.key(1)).shape == (0,)
+
+
+CONSTRUCTOR_BIJECTORS = {
+    "default": None,
+    "distrax.Tanh": distrax.Tanh(),
+    "BoundedTanh": samplers.BoundedTanh(jnp.array([-2.0, 0.0, -0.1]), jnp.array([2.0, 1.0, 0.3])),
+    "Sigmoid": samplers.Sigmoid(),
+}
+
+
+def _with_bijector(constructor, mean, spread, bijector, **kwargs):
+    if bijector is None:
+        return constructor(mean, spread, **kwargs)
+    return constructor(mean, spread, bijector, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "bijector", CONSTRUCTOR_BIJECTORS.values(), ids=CONSTRUCTOR_BIJECTORS.keys()
+)
+def test_from_std_and_from_log_std_build_the_same_distribution(bijector, batch_shape):
+    keys = jax.random.split(jax.random.key(20), 2)
+    mean = 2.0 * jax.random.normal(keys[0], (*batch_shape, A))
+    log_std = jax.random.normal(keys[1], (*batch_shape, A))
+    std64 = np.exp(np.asarray(log_std, np.float64))
+    from_std = _with_bijector(samplers.squashed_normal_from_std, mean, jnp.exp(log_std), bijector)
+    from_log = _with_bijector(samplers.squashed_normal_from_log_std, mean, log_std, bijector)
+    for dist in (from_std, from_log):
+        assert isinstance(dist, samplers.SquashedNormal)
+        assert dist.batch_shape == batch_shape and dist.event_shape == (A,)
+        np.testing.assert_array_equal(dist.loc, mean)
+        np.testing.assert_allclose(dist.scale, std64, rtol=1e-6)
+        expected = bijector if bijector is not None else samplers.Tanh()
+        assert type(dist.bijector.bijector) is type(expected)
+
+
+def test_from_std_default_squashing_is_tanh_and_scores_as_float64():
+    mean, std = jnp.array([[0.3, -1.0, 4.0]]), jnp.array([[0.5, 2.0, 0.1]])
+    dist = samplers.squashed_normal_from_std(mean, std)
+    pre_image = jnp.array([[0.1, -9.0, 20.0]])
+    expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
+    np.testing.assert_allclose(dist.log_prob_from_pre_image(pre_image), expected, rtol=1e-6)
+    np.testing.assert_array_equal(dist.bijector.forward(pre_image), jnp.tanh(pre_image))
+
+
+def test_min_std_is_added_to_the_std():
+    dist = samplers.squashed_normal_from_std(jnp.zeros(3), jnp.array([0.5, 1.0, 2.0]), min_std=0.1)
+    np.testing.assert_allclose(dist.scale, [0.6, 1.1, 2.1], rtol=1e-6)
+
+
+def test_a_negative_or_nan_std_gives_nan_and_zero_is_floored(maybe_jit):
+    std = jnp.array([[-1.0, 0.0, jnp.nan], [0.5, 1.0, 2.0]])
+    dist = maybe_jit(samplers.squashed_normal_from_std)(jnp.zeros((2, 3)), std)
+    assert np.isnan(dist.scale[0, 0]) and np.isnan(dist.scale[0, 2])
+    assert dist.scale[0, 1] == np.finfo(np.float32).tiny
+    np.testing.assert_array_equal(dist.scale[1], std[1])
+    action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(21))
+    assert np.isnan(log_prob[0]) and np.isfinite(log_prob[1])
+    assert np.isnan(dist.log_prob(jnp.zeros((2, 3)))[0])
+    assert np.all(np.isnan(action[0, [0, 2]]))
+
+
+@pytest.mark.parametrize(
+    "log_std_min, log_std_max, expected_log_std",
+    [
+        (-20.0, 2.0, [-20.0, -20.0, 0.0, 2.0, 2.0]),
+        (-5.0, 2.0, [-5.0, -5.0, 0.0, 2.0, 2.0]),
+        (None, 2.0, [-30.0, -20.0, 0.0, 2.0, 2.0]),
+        (-5.0, None, [-5.0, -5.0, 0.0, 2.0, 5.0]),
+        (None, None, [-30.0, -20.0, 0.0, 2.0, 5.0]),
+        (1.0, 1.0, [1.0, 1.0, 1.0, 1.0, 1.0]),
+    ],
+)
+def test_log_std_is_clipped_to_the_given_bounds(log_std_min, log_std_max, expected_log_std):
+    log_std = jnp.array([-30.0, -20.0, 0.0, 2.0, 5.0])
+
+    def scale(log_std):
+        return samplers.squashed_normal_from_log_std(
+            jnp.zeros(5), log_std, log_std_min=log_std_min, log_std_max=log_std_max
+        ).scale
+
+    np.testing.assert_allclose(scale(log_std), np.exp(expected_log_std), rtol=1e-6)
+    # Clipped entries get no gradient, as in SAC implementations.
+    clipped = np.asarray(expected_log_std) != np.asarray(log_std)
+    gradient = jax.grad(lambda s: scale(s).sum())(log_std)
+    np.testing.assert_array_equal(gradient == 0, clipped)
+
+
+def test_an_underflowing_log_std_is_floored_and_nan_stays_nan():
+    dist = samplers.squashed_normal_from_log_std(jnp.zeros(3), jnp.array([-200.0, jnp.nan, 0.0]))
+    assert dist.scale[0] == np.finfo(np.float32).tiny
+    assert np.isnan(dist.scale[1]) and dist.scale[2] == 1.0
+
+
+CONSTRUCTORS = {
+    "from_std": samplers.squashed_normal_from_std,
+    "from_log_std": samplers.squashed_normal_from_log_std,
+}
+
+
+@pytest.mark.parametrize("constructor", CONSTRUCTORS.values(), ids=CONSTRUCTORS.keys())
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
+def test_constructors_compute_low_precision_in_float32(constructor, dtype):
+    dist = constructor(jnp.zeros(3, dtype), jnp.ones(3, dtype))
+    assert dist.loc.dtype == dist.scale.dtype == jnp.float32
+    action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(22))
+    assert action.dtype == log_prob.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("constructor", CONSTRUCTORS.values(), ids=CONSTRUCTORS.keys())
+def test_constructors_keep_float64(constructor):
+    with jax.enable_x64(True):
+        dist = constructor(jnp.zeros(3, jnp.float64), jnp.ones(3, jnp.float64))
+        assert dist.loc.dtype == dist.scale.dtype == jnp.float64
+
+
+@pytest.mark.parametrize("name", ["std", "log_std"])
+def test_constructors_refuse_bad_arrays(name):
+    constructor = CONSTRUCTORS[f"from_{name}"]
+    with pytest.raises(TypeError, match=r"mean must have a floating dtype, got int32"):
+        constructor(jnp.zeros(3, jnp.int32), jnp.ones(3))
+    with pytest.raises(TypeError, match=rf"{name} must have a floating dtype, got int32"):
+        constructor(jnp.zeros(3), jnp.ones(3, jnp.int32))
+    with pytest.raises(
+        ValueError, match=rf"mean and {name} must have the same shape .* got \(4, 3\) and \(3,\)"
+    ):
+        constructor(jnp.zeros((4, 3)), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"got \(\) and \(\)"):
+        constructor(jnp.float32(0.0), jnp.float32(1.0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            {"log_std_min": 2.0, "log_std_max": -20.0},
+            ValueError,
+            r"log_std_min must be <= log_std_max, got 2.0 > -20.0",
+        ),
+        ({"log_std_min": float("nan")}, ValueError, r"log_std_min must be finite, got nan"),
+        ({"log_std_max": "2"}, TypeError, r"log_std_max must be a real number, got '2'"),
+    ],
+)
+def test_from_log_std_refuses_bad_bounds(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        samplers.squashed_normal_from_log_std(jnp.zeros(3), jnp.zeros(3), **kwargs)
+
+
+def test_from_std_refuses_a_negative_min_std():
+    with pytest.raises(ValueError, match=r"min_std must be >= 0.0, got -0.1"):
+        samplers.squashed_normal_from_std(jnp.zeros(3), jnp.ones(3), min_std=-0.1)

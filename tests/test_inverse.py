@@ -54,17 +54,75 @@ def _grid(low, high):
     return action.reshape(-1, 1), loc.reshape(-1, 1), scale.reshape(-1, 1)
 
 
+# The two public routes to the same computation.
+SCORES = {
+    "log_prob_from_action": log_prob_from_action,
+    "SquashedNormal.log_prob": lambda dist, action: dist.log_prob(action),
+}
+
+
+@pytest.mark.parametrize("score", SCORES.values(), ids=SCORES.keys())
 @pytest.mark.parametrize("low, high", BOUNDS.values(), ids=BOUNDS.keys())
 def test_error_against_float64_is_within_the_documented_bound_at_every_distance(
-    low, high, maybe_jit
+    low, high, score, maybe_jit
 ):
     action, loc, scale = _grid(low, high)
     dist = samplers.SquashedNormal(jnp.asarray(loc), jnp.asarray(scale), _bijector(low, high))
-    ours = maybe_jit(log_prob_from_action)(dist, jnp.asarray(action))
+    ours = maybe_jit(score)(dist, jnp.asarray(action))
     expected, x = _reference_float64(action[:, 0], loc[:, 0], scale[:, 0], low, high)
     error = np.abs(np.asarray(ours, np.float64) - expected)
     bound = _documented_bound(x, loc[:, 0], scale[:, 0], expected)
     assert np.all(error <= bound), np.max(error / bound)
+
+
+def _sigmoid_reference_float64(action, loc, scale):
+    """Change of variables in float64 through the logit, ``x = log y - log(1 - y)``."""
+    action, loc, scale = (np.asarray(a, np.float64) for a in (action, loc, scale))
+    x = np.log(action) - np.log1p(-action)
+    log_normal = -0.5 * ((x - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
+    log_det = -np.logaddexp(0.0, x) - np.logaddexp(0.0, -x)  # log sigmoid'(x)
+    return log_normal - log_det, x
+
+
+# Near 0, float32 resolves distances down to the smallest normal float (1.2e-38).
+TINY_DISTANCES = np.array([1e-10, 1e-20, 1e-30, 1e-37])
+
+
+@pytest.mark.parametrize("score", SCORES.values(), ids=SCORES.keys())
+@pytest.mark.parametrize(
+    "bijector", [samplers.Sigmoid(), distrax.Sigmoid()], ids=["samplers", "distrax"]
+)
+def test_sigmoid_error_is_within_the_documented_bound_down_to_the_smallest_float(
+    bijector, score, maybe_jit
+):
+    distances = np.concatenate([DISTANCES, TINY_DISTANCES])
+    action = np.concatenate([distances, 1 - DISTANCES]).astype(np.float32)
+    assert np.all((action > 0) & (action < 1))
+    loc, scale = np.array(LOCS_AND_SCALES, np.float32).T
+    action, loc = np.meshgrid(action, 2 * loc, indexing="ij")  # k = 2: pre-images twice tanh's
+    scale = np.broadcast_to(2 * scale, loc.shape)
+    action, loc, scale = (a.reshape(-1, 1) for a in (action, loc, scale))
+    dist = samplers.SquashedNormal(jnp.asarray(loc), jnp.asarray(scale), bijector)
+    ours = maybe_jit(score)(dist, jnp.asarray(action))
+    expected, x = _sigmoid_reference_float64(action[:, 0], loc[:, 0], scale[:, 0])
+    error = np.abs(np.asarray(ours, np.float64) - expected)
+    bound = _documented_bound(x, loc[:, 0], scale[:, 0], expected)
+    assert np.all(error <= bound), np.max(error / bound)
+
+
+def test_bounded_tanh_at_zero_is_within_the_documented_bound_down_to_the_smallest_float():
+    # BoundedTanh(0, 1) = (1 + tanh(x)) / 2: x = (log y - log(1 - y)) / 2 in float64.
+    action = TINY_DISTANCES.astype(np.float32)[:, None]
+    loc, scale = np.full_like(action, -20.0), np.full_like(action, 5.0)
+    dist = samplers.SquashedNormal(
+        jnp.asarray(loc), jnp.asarray(scale), samplers.BoundedTanh(0.0, 1.0)
+    )
+    ours = dist.log_prob(jnp.asarray(action))
+    x = 0.5 * (np.log(action[:, 0].astype(np.float64)) - np.log1p(-action[:, 0].astype(np.float64)))
+    log_normal = -0.5 * ((x + 20.0) / 5.0) ** 2 - np.log(5.0) - 0.5 * np.log(2 * np.pi)
+    expected = log_normal - (np.log(0.5) + 2 * np.log(2.0) - 2 * np.logaddexp(x, -x))
+    error = np.abs(np.asarray(ours, np.float64) - expected)
+    assert np.all(error <= _documented_bound(x, -20.0, 5.0, expected)), error
 
 
 def _acme_style(action, loc, scale, threshold=0.999):
@@ -177,11 +235,11 @@ def test_min_distance_clamps_like_a_threshold():
 @pytest.mark.parametrize(
     "bijector, message",
     [
+        (distrax.Lambda(lambda x: x), r"BoundedTanh and sigmoid, got Lambda; .*log_prob_from_pre"),
         (
-            distrax.Sigmoid(),
-            r"supports samplers.Tanh, distrax.Tanh and samplers.BoundedTanh, got Sigmoid",
+            distrax.ScalarAffine(0.0, 2.0),
+            r"got ScalarAffine; for other bijectors use dist.log_prob",
         ),
-        (distrax.Lambda(lambda x: x), r"got Lambda; .*log_prob_from_pre_image"),
     ],
 )
 def test_refuses_bijectors_outside_the_tanh_family(bijector, message):
@@ -213,3 +271,20 @@ def test_leading_sample_axes_score_each_action_under_the_same_distribution():
     assert ours.shape == (3,)
     for row, value in zip(actions, ours, strict=True):
         assert float(value) == pytest.approx(float(log_prob_from_action(dist, row)), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "bijector, actions",
+    [
+        (samplers.Tanh(), [1.5, -7.0, float(np.nextafter(np.float32(1), np.float32(2)))]),
+        (samplers.BoundedTanh(-0.1, 0.3), [0.31, -0.2, 1.0]),
+        (distrax.Sigmoid(), [-1e-3, 1.5, -1.0]),
+    ],
+    ids=["Tanh", "BoundedTanh[-0.1,0.3]", "Sigmoid"],
+)
+def test_actions_outside_the_range_are_nan_not_scored_on_the_bound(bijector, actions):
+    dist = samplers.SquashedNormal(jnp.zeros((4, 1)), jnp.ones((4, 1)), bijector)
+    action = jnp.array([[0.2], *([a] for a in actions)])
+    for scores in (log_prob_from_action(dist, action), dist.log_prob(action)):
+        assert np.isfinite(scores[0])
+        assert np.all(np.isnan(scores[1:])), scores

@@ -7,4 +7,6 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
   that stores the pre-squash action in the rollout and replays it in the loss.
 - ``pendulum_sac``: SAC on the same task, with the head in reparameterised mode so
   that the actor loss differentiates through the sampled action.
+- ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
+  trained with SAC's actor loss under ``jax.jit``.
 """

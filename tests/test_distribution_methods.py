@@ -1,0 +1,476 @@
+"""The ``distrax.Distribution`` methods of ``SquashedNormal``, against independent oracles."""
+
+import itertools
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, special, stats
+from tensorflow_probability.substrates import jax as tfp
+
+import samplers
+
+tfb = tfp.bijectors
+EPS32 = 2.0**-23
+
+# The squashings log_prob scores from the distances to the bounds, with their k.
+SQUASHINGS = {
+    "samplers.Tanh": (samplers.Tanh(), 1.0),
+    "distrax.Tanh": (distrax.Tanh(), 1.0),
+    "BoundedTanh[-0.1,0.3]": (samplers.BoundedTanh(-0.1, 0.3), 1.0),
+    "BoundedTanh[-2,3]": (samplers.BoundedTanh(jnp.array([-2.0, 0.0]), jnp.array([3.0, 1.0])), 1.0),
+    "samplers.Sigmoid": (samplers.Sigmoid(), 2.0),
+    "distrax.Sigmoid": (distrax.Sigmoid(), 2.0),
+}
+
+
+def _bounds(bijector):
+    bounds = samplers.bijectors.squashing(bijector)
+    low, high = (np.broadcast_to(np.asarray(b, np.float64), (2,)) for b in bounds[:2])
+    return low, high
+
+
+def _plain_distrax(loc, scale, bijector):
+    return distrax.Transformed(
+        distrax.MultivariateNormalDiag(loc, scale), distrax.Block(bijector, 1)
+    )
+
+
+@pytest.mark.parametrize(
+    "value_shape", [(5, 2), (7, 5, 2), (7, 1, 2), (2,)], ids=["(B,A)", "(S,B,A)", "(S,1,A)", "(A,)"]
+)
+@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+def test_log_prob_broadcasts_as_distrax_and_matches_it_inside_the_range(
+    bijector, k, value_shape, maybe_jit
+):
+    keys = jax.random.split(jax.random.key(0), 3)
+    loc = k * jax.random.normal(keys[0], (5, 2))
+    scale = k * jnp.exp(0.3 * jax.random.normal(keys[1], (5, 2)))
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    value = bijector.forward(k * jax.random.normal(keys[2], value_shape))
+    ours = maybe_jit(lambda d, v: d.log_prob(v))(dist, value)
+    shape = jnp.broadcast_shapes(value_shape, (5, 2))
+    # distrax broadcasts too; the test session forbids implicit rank promotion.
+    loc, scale, value = (jnp.broadcast_to(a, shape) for a in (loc, scale, value))
+    expected = _plain_distrax(loc, scale, bijector).log_prob(value)
+    assert ours.shape == shape[:-1]
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dist.prob(value), jnp.exp(ours), rtol=1e-6)
+
+
+def test_log_prob_refuses_a_value_that_does_not_broadcast():
+    dist = samplers.normal_tanh(jnp.zeros((5, 4)))
+    with pytest.raises(ValueError, match=r"value must broadcast with .* \(5, 2\), got \(3, 2\)"):
+        dist.log_prob(jnp.zeros((3, 2)))
+
+
+@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+def test_sample_then_score_is_finite_where_distrax_is_not(bijector, k, maybe_jit):
+    # SAC's two lines, at stds and means where many samples round onto a bound.
+    keys = jax.random.split(jax.random.key(1), 3)
+    loc = 3 * k * jax.random.normal(keys[0], (2048, 2))
+    scale = k * jnp.exp(jax.random.uniform(keys[1], (2048, 2), maxval=1.6))
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    action = dist.sample(seed=keys[2])
+    log_prob = maybe_jit(lambda d, a: d.log_prob(a))(dist, action)
+    low, high = _bounds(bijector)
+    on_bound = np.any((np.asarray(action) == low) | (np.asarray(action) == high), axis=-1)
+    assert on_bound.sum() > 50
+    assert np.all(np.isfinite(log_prob))
+    assert not np.any(np.isfinite(_plain_distrax(loc, scale, bijector).log_prob(action))[on_bound])
+
+
+@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+def test_a_sample_scored_without_its_pre_image_loses_only_what_its_rounding_lost(bijector, k):
+    keys = jax.random.split(jax.random.key(2), 3)
+    loc = 3 * k * jax.random.normal(keys[0], (4096, 2))
+    scale = k * jnp.exp(jax.random.uniform(keys[1], (4096, 2), maxval=1.6))
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    action, pre_image, _ = dist.sample_with_pre_image(seed=keys[2])
+    # One dimension at a time, so that each score has one distance to a bound.
+    for axis in range(2):
+        one = slice(axis, axis + 1)
+        marginal_bijector = bijector
+        if isinstance(bijector, samplers.BoundedTanh):
+            low, high = (jnp.broadcast_to(b, (2,))[one] for b in (bijector.low, bijector.high))
+            marginal_bijector = samplers.BoundedTanh(low, high)
+        marginal = samplers.SquashedNormal(loc[:, one], scale[:, one], marginal_bijector)
+        y = action[:, axis : axis + 1]
+        x = pre_image[:, axis : axis + 1]
+        ours = np.asarray(marginal.log_prob(y), np.float64)
+        from_pre_image = np.asarray(marginal.log_prob_from_pre_image(x), np.float64)
+        low, high = (b[axis] for b in _bounds(bijector))
+        half_range = (high - low) / 2
+        distance = np.minimum(np.asarray(y[:, 0]) - low, high - np.asarray(y[:, 0])) / half_range
+        saturated = distance == 0
+        assert saturated.sum() > 50
+        # Inside: the documented bound plus |d log p / dx| times the pre-image's shift,
+        # k eps (1 + max(|low|, |high|) / half_range) / distance.
+        x64, l64, s64 = (np.asarray(a[:, axis], np.float64) for a in (pre_image, loc, scale))
+        slope = np.abs(x64 - l64) / s64**2 + 2 / k
+        shift = k * EPS32 * (1 + max(abs(low), abs(high)) / half_range) / distance[~saturated]
+        bound = 4 * EPS32 * (1 + np.abs(x64) * np.abs(x64 - l64) / s64**2 + np.abs(from_pre_image))
+        inside_error = np.abs(ours - from_pre_image)[~saturated]
+        assert np.all(inside_error <= bound[~saturated] + slope[~saturated] * shift)
+        # On a bound: the density half a float step inside it, whatever the pre-image was.
+        step = np.where(np.asarray(y[:, 0]) == high, 1.0, -1.0)
+        inner = np.where(
+            step > 0,
+            np.float64(high) - _half_step(high, low, half_range, k),
+            np.float64(low) + _half_step(low, high, half_range, k),
+        )
+        inner_pre_image = 0.5 * k * (np.log(inner - low) - np.log(high - inner))
+        at_inner = marginal.log_prob_from_pre_image(
+            jnp.asarray(inner_pre_image[:, None], jnp.float32)
+        )
+        np.testing.assert_allclose(ours[saturated], np.asarray(at_inner)[saturated], atol=1e-4)
+        assert np.all(np.isfinite(ours))
+
+
+def _half_step(bound, other, half_range, k):
+    """Half the coarser of tanh's step (k = 1) and the float32 spacing at ``bound``."""
+    spacing = abs(np.float64(np.nextafter(np.float32(bound), np.float32(other))) - bound)
+    tanh_step = half_range * 2.0**-24 if k == 1.0 else 0.0
+    return max(0.5 * max(spacing, tanh_step), np.finfo(np.float32).tiny)
+
+
+@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+def test_log_prob_gradients_are_finite_on_the_closed_range(bijector, k, maybe_jit):
+    low, high = _bounds(bijector)
+    u = np.array([0.0, 2.0**-24, 1e-3, 0.3, 0.5, 0.9, 1 - 1e-6, 1 - 2.0**-24, 1.0])
+    action = jnp.asarray((low + (high - low) * u[:, None]).clip(low, high), jnp.float32)
+    loc, scale = jnp.full_like(action, 0.3 * k), jnp.full_like(action, 0.2 * k)
+
+    def total(loc, scale, action):
+        return jnp.sum(samplers.SquashedNormal(loc, scale, bijector).log_prob(action))
+
+    value, grads = maybe_jit(jax.value_and_grad(total, argnums=(0, 1, 2)))(loc, scale, action)
+    assert np.isfinite(value)
+    for grad in grads:
+        assert np.all(np.isfinite(grad))
+
+
+def test_log_prob_gradients_reach_the_bounds():
+    def total(low):
+        bijector = samplers.BoundedTanh(low, low + 2.0)
+        dist = samplers.SquashedNormal(jnp.zeros((2, 1)), jnp.ones((2, 1)), bijector)
+        return dist.log_prob(jnp.array([[0.2], [1.0]]))
+
+    grads = jax.jacobian(total)(jnp.float32(-1.0))
+
+    def reference(low):  # float64 log p of y = 0.2 under bounds [low, low + 2]
+        x = np.arctanh(0.2 - (low + 1.0))
+        return -0.5 * x**2 - np.log(1 - np.tanh(x) ** 2)
+
+    h = 1e-6
+    expected = (reference(-1.0 + h) - reference(-1.0 - h)) / (2 * h)
+    assert float(grads[0]) == pytest.approx(expected, rel=1e-3)
+    assert np.isfinite(grads[1])
+
+
+@pytest.mark.parametrize(
+    "bijector",
+    [
+        distrax.Lambda(lambda x: x),
+        tfb.Tanh(),
+        distrax.Chain([distrax.Tanh(), distrax.ScalarAffine(0.0, 2.0)]),
+    ],
+    ids=["identity", "tfp.Tanh", "chain"],
+)
+def test_other_bijectors_score_as_distrax_does(bijector):
+    loc, scale = jnp.array([[0.1, -0.3], [0.0, 9.0]]), jnp.array([[0.5, 1.0], [1.0, 0.1]])
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    action = distrax.as_bijector(bijector).forward(jnp.array([[0.2, 0.4], [0.0, 20.0]]))
+    expected = _plain_distrax(loc, scale, bijector).log_prob(action)
+    np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("sample_shape", [(), (3,)], ids=["one", "(3,)"])
+@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+def test_sample_and_log_prob_scores_the_pre_image_without_inverting(bijector, k, sample_shape):
+    loc = jnp.broadcast_to(jnp.array([0.0, 12.0 * k]), (64, 2))
+    scale = jnp.broadcast_to(jnp.array([3.0 * k, 0.5]), (64, 2))
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    key = jax.random.key(3)
+    action, log_prob = dist.sample_and_log_prob(seed=key, sample_shape=sample_shape)
+    pre_image = dist.distribution.sample(seed=key, sample_shape=sample_shape)
+    assert action.shape == (*sample_shape, 64, 2) and log_prob.shape == (*sample_shape, 64)
+    np.testing.assert_array_equal(action, bijector.forward(pre_image))
+    score = dist.log_prob_from_pre_image
+    expected = jax.vmap(score)(pre_image) if sample_shape else score(pre_image)
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-6, atol=1e-5)
+    assert np.all(np.isfinite(log_prob)) and np.any(np.abs(pre_image[..., 1]) > 9 * k)
+
+
+# (loc, scale) of t = x / k: narrow and wide of the switch at 1/2, saturated, tiny.
+MOMENT_CASES = [
+    (0.0, 0.05),
+    (0.3, 0.2),
+    (-1.0, 0.49),
+    (2.0, 0.5),
+    (0.5, 0.51),
+    (-0.5, 1.0),
+    (2.0, 3.0),
+    (0.0, 10.0),
+    (10.0, 0.1),
+    (-12.0, 0.3),
+    (4.0, 0.05),
+    (30.0, 5.0),
+    (0.0, 1e-4),
+]
+
+
+def _tanh_moments_float64(m, s):
+    """Mean and variance of tanh(t), t ~ N(m, s), by adaptive float64 quadrature.
+
+    Integrates ``v = tanh(t) - sign(m)``, written through the logistic function, so
+    that a saturated variance keeps its digits.
+    """
+    sign = 1.0 if m >= 0 else -1.0
+
+    def v(t):
+        return -sign * 2 * special.expit(-2 * sign * t)
+
+    edges = np.linspace(m - 40 * s, m + 40 * s, 41)
+
+    def integral(f):
+        return sum(
+            integrate.quad(
+                lambda t: f(t) * stats.norm.pdf(t, m, s), a, b, epsabs=0, epsrel=1e-13, limit=200
+            )[0]
+            for a, b in itertools.pairwise(edges)
+        )
+
+    mean_v = integral(v)
+    return mean_v + sign, integral(lambda t: (v(t) - mean_v) ** 2)
+
+
+@pytest.fixture(scope="module")
+def tanh_moments():
+    return np.array([_tanh_moments_float64(m, s) for m, s in MOMENT_CASES])
+
+
+MOMENT_BIJECTORS = {
+    "Tanh": (samplers.Tanh(), -1.0, 1.0, 1.0),
+    "BoundedTanh[-0.1,0.3]": (samplers.BoundedTanh(-0.1, 0.3), -0.1, 0.3, 1.0),
+    "Sigmoid": (distrax.Sigmoid(), 0.0, 1.0, 2.0),
+}
+
+
+@pytest.mark.parametrize(
+    "dtype, mean_tolerance, variance_tolerance",
+    [("float32", 1e-6, 1e-5), ("float64", 1e-12, 1e-10)],
+    ids=["float32", "float64"],
+)
+@pytest.mark.parametrize("squash", MOMENT_BIJECTORS.values(), ids=MOMENT_BIJECTORS.keys())
+def test_mean_and_variance_match_float64_integrals(
+    squash, dtype, mean_tolerance, variance_tolerance, tanh_moments
+):
+    bijector, low, high, k = squash
+    low, high = np.float64(np.float32(low)), np.float64(np.float32(high))  # the bounds it holds
+    center, half_range = (low + high) / 2, (high - low) / 2
+    with jax.enable_x64(dtype == "float64"):
+        loc, scale = (
+            jnp.asarray(k * np.array(c)[:, None], dtype) for c in zip(*MOMENT_CASES, strict=True)
+        )
+        dist = samplers.SquashedNormal(loc, scale, bijector)
+        mean, variance, stddev = dist.mean(), dist.variance(), dist.stddev()
+    expected_mean = center + half_range * tanh_moments[:, 0]
+    expected_variance = half_range**2 * tanh_moments[:, 1]
+    assert mean.shape == variance.shape == (len(MOMENT_CASES), 1)
+    mean_error = np.abs(np.asarray(mean[:, 0], np.float64) - expected_mean) / half_range
+    variance_error = np.abs(np.asarray(variance[:, 0], np.float64) / expected_variance - 1)
+    assert np.all(mean_error <= mean_tolerance), mean_error
+    assert np.all(variance_error <= variance_tolerance), variance_error
+    np.testing.assert_array_equal(stddev, jnp.sqrt(variance))
+
+
+def test_moments_are_nan_for_invalid_parameters(maybe_jit):
+    loc = jnp.array([[0.0], [jnp.nan], [0.0], [0.0]])
+    scale = jnp.array([[1.0], [1.0], [jnp.inf], [-1.0]])
+    dist = samplers.SquashedNormal(loc, scale, samplers.Tanh())
+    mean, variance = maybe_jit(lambda d: (d.mean(), d.variance()))(dist)
+    assert np.isfinite(mean[0, 0]) and np.all(np.isnan(mean[1:]))
+    assert np.isfinite(variance[0, 0]) and np.all(np.isnan(variance[1:]))
+
+
+def _tanh_dist_and_reference(loc, scale):
+    dist = samplers.SquashedNormal(jnp.asarray(loc), jnp.asarray(scale), samplers.Tanh())
+    return dist, np.asarray(loc, np.float64), np.asarray(scale, np.float64)
+
+
+def test_cdf_is_the_joint_cdf_of_the_event_as_in_distrax_independent(maybe_jit):
+    loc, scale = (
+        np.array([[0.3, -1.0], [5.0, 0.5]], np.float32),
+        np.array([[0.7, 2.0], [0.1, 3.0]], np.float32),
+    )
+    dist, loc64, scale64 = _tanh_dist_and_reference(loc, scale)
+    u = np.float32(1 - 2.0**-24)
+    value = np.array(
+        [
+            [[0.2, -0.5], [0.0, 0.9]],
+            [[u, -u], [-1.0, 1.0]],
+            [[1.0, 1.0], [1.5, 0.3]],
+            [[-7.0, 0.0], [1.0, -1.0]],
+        ],
+        np.float32,
+    )
+    log_cdf = maybe_jit(lambda d, v: d.log_cdf(v))(dist, value)
+    # Per dimension Phi((atanh(y) - loc) / scale) in float64, 0 below -1 and 1 above 1.
+    y = value.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        z = (np.arctanh(np.clip(y, -1, 1)) - loc64) / scale64
+    expected = np.sum(stats.norm.logcdf(z), axis=-1)
+    assert log_cdf.shape == (4, 2)
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(log_cdf[finite], expected[finite], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(log_cdf[~finite], expected[~finite])
+    np.testing.assert_allclose(dist.cdf(value), np.exp(expected), rtol=1e-5, atol=1e-7)
+    # TFP's Independent(TransformedDistribution) inside the range.
+    tfd = tfp.distributions
+    plain = tfd.Independent(tfd.TransformedDistribution(tfd.Normal(loc, scale), tfb.Tanh()), 1)
+    np.testing.assert_allclose(log_cdf[0], plain.log_cdf(value[0]), rtol=1e-5)
+
+
+def test_log_cdf_and_survival_keep_their_far_tails():
+    # loc = 5, scale = 0.1 in pre-image units: y = 0 is 50 standard deviations below.
+    dist, _, _ = _tanh_dist_and_reference(
+        np.full((2, 1), 5.0, np.float32), np.full((2, 1), 0.1, np.float32)
+    )
+    value = np.array([[0.0], [np.tanh(5.0) - 0.0]], np.float32)
+    z = (np.arctanh(value[:, 0].astype(np.float64)) - 5.0) / 0.1
+    np.testing.assert_allclose(dist.log_cdf(value), stats.norm.logcdf(z), rtol=1e-5)
+    np.testing.assert_allclose(dist.log_survival_function(value), stats.norm.logsf(z), rtol=1e-5)
+    np.testing.assert_allclose(dist.survival_function(value), stats.norm.sf(z), rtol=1e-5)
+    # Above the mass: the survival function is tiny but not 1 - cdf = 0.
+    up = np.array([[np.float32(1 - 2.0**-24)], [0.9999]], np.float32)
+    z_up = (np.arctanh(up[:, 0].astype(np.float64)) - 5.0) / 0.1
+    np.testing.assert_allclose(dist.log_survival_function(up), stats.norm.logsf(z_up), rtol=1e-5)
+
+
+def test_survival_function_at_and_beyond_the_bounds():
+    dist = samplers.SquashedNormal(
+        jnp.zeros((4, 1)), jnp.ones((4, 1)), samplers.BoundedTanh(-2.0, 3.0)
+    )
+    value = jnp.array([[-2.5], [-2.0], [3.0], [4.0]])
+    np.testing.assert_array_equal(dist.survival_function(value), [1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(dist.cdf(value), [0.0, 0.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("squash", MOMENT_BIJECTORS.values(), ids=MOMENT_BIJECTORS.keys())
+def test_quantile_inverts_the_cdf_and_matches_scipy(squash, maybe_jit):
+    bijector, low, high, k = squash
+    center, half_range = (low + high) / 2, (high - low) / 2
+    loc, scale = jnp.array([[0.4 * k], [-2.0 * k]]), jnp.array([[0.3 * k], [2.0 * k]])
+    dist = samplers.SquashedNormal(loc, scale, bijector)
+    p = np.array([[0.01, 0.01], [0.3, 0.3], [0.5, 0.5], [0.9, 0.9]], np.float32)
+    quantile = maybe_jit(lambda d, p: d.quantile(p))(dist, p)
+    assert quantile.shape == (4, 2, 1)
+    x = stats.norm.ppf(
+        p.astype(np.float64), np.asarray(loc[:, 0], np.float64), np.asarray(scale[:, 0], np.float64)
+    )
+    expected = center + half_range * np.tanh(x / k)
+    np.testing.assert_allclose(quantile[..., 0], expected, rtol=1e-5, atol=1e-6)
+    # The round trip, where the float32 action resolves its pre-image (the first row).
+    np.testing.assert_allclose(dist.cdf(quantile)[:, 0], p[:, 0], rtol=1e-4)
+    np.testing.assert_allclose(dist.quantile(np.float32(0.5))[:, 0], dist.median()[:, 0])
+    ends = dist.quantile(jnp.array([[0.0, 0.0], [1.0, 1.0], [-0.1, 0.2], [1.1, 0.2]]))
+    np.testing.assert_array_equal(ends[:2, :, 0], np.float32([[low, low], [high, high]]))
+    assert np.isnan(ends[2, 0, 0]) and np.isnan(ends[3, 0, 0]) and np.isfinite(ends[2, 1, 0])
+
+
+def test_median_is_the_bijector_of_the_mean_and_halves_the_mass():
+    dist = samplers.SquashedNormal(
+        jnp.array([[0.3], [-1.0]]), jnp.array([[2.0], [0.5]]), samplers.Tanh()
+    )
+    np.testing.assert_array_equal(dist.median(), jnp.tanh(dist.loc))
+    np.testing.assert_allclose(dist.cdf(dist.median()), [0.5, 0.5], rtol=1e-6)
+
+
+def test_mode_is_samplers_mode_and_maximises_the_float64_density():
+    loc, scale = jnp.array([[0.5, 0.3, -0.2]]), jnp.array([[0.3, 1.0, 3.0]])
+    dist = samplers.SquashedNormal(loc, scale, samplers.Tanh())
+    np.testing.assert_array_equal(dist.mode(), samplers.mode(dist))
+    y = np.linspace(-1 + 1e-9, 1 - 1e-9, 2_000_001)
+    for i in range(2):  # the third mode rounds onto the bound in float32
+        x = np.arctanh(y)
+        density = stats.norm.logpdf(x, float(loc[0, i]), float(scale[0, i])) - np.log1p(-(y**2))
+        assert float(dist.mode()[0, i]) == pytest.approx(y[np.argmax(density)], abs=1e-5)
+
+
+def test_entropy_is_refused_with_the_methods_to_use_instead():
+    dist = samplers.normal_tanh(jnp.zeros((3, 4)))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"no closed form for Tanh; use dist.entropy_estimate\(seed=key.*entropy_quadrature",
+    ):
+        dist.entropy()
+    with pytest.raises(NotImplementedError, match=r"entropy has no closed form"):
+        dist.cross_entropy(dist)
+
+
+def test_an_identity_bijector_keeps_distrax_closed_forms():
+    loc, scale = jnp.array([[0.3, -1.0]]), jnp.array([[0.5, 2.0]])
+    dist = samplers.SquashedNormal(
+        loc, scale, distrax.Lambda(lambda x: x, is_constant_jacobian=True)
+    )
+    normal = distrax.MultivariateNormalDiag(loc, scale)
+    np.testing.assert_allclose(dist.entropy(), normal.entropy(), rtol=1e-6)
+    np.testing.assert_array_equal(dist.mean(), loc)
+    np.testing.assert_array_equal(dist.mode(), loc)
+
+
+@pytest.mark.parametrize(
+    "method, args",
+    [
+        ("variance", ()),
+        ("stddev", ()),
+        ("cdf", (jnp.zeros(1),)),
+        ("log_cdf", (jnp.zeros(1),)),
+        ("quantile", (0.5,)),
+    ],
+)
+def test_other_bijectors_refuse_what_needs_an_increasing_squashing(method, args):
+    chain = distrax.Chain([distrax.ScalarAffine(0.0, -1.0), distrax.Tanh()])  # decreasing
+    dist = samplers.SquashedNormal(jnp.zeros((2, 1)), jnp.ones((2, 1)), chain)
+    with pytest.raises(
+        NotImplementedError,
+        match=rf"{method.replace('stddev', 'variance')} needs an increasing squashing .* got Chain",
+    ):
+        getattr(dist, method)(*args)
+
+
+@pytest.mark.parametrize(
+    "method, args, instead",
+    [
+        ("quantile", (0.5,), r"dist.median\(\)"),
+        ("survival_function", (jnp.zeros(2),), r"1 - dist.cdf\(value\)"),
+        ("log_survival_function", (jnp.zeros(2),), r"1 - dist.cdf\(value\)"),
+    ],
+)
+def test_a_multivariate_event_refuses_what_is_one_dimensional(method, args, instead):
+    dist = samplers.normal_tanh(jnp.zeros((3, 4)))
+    with pytest.raises(
+        NotImplementedError,
+        match=rf"{method} is defined for a one-dimensional action, got 2 dimensions; use {instead}",
+    ):
+        getattr(dist, method)(*args)
+
+
+@pytest.mark.parametrize(
+    "index", [0, (slice(1, None),), (Ellipsis, 0), (1, 2)], ids=["0", "1:", "...,0", "1,2"]
+)
+def test_indexing_slices_the_batch_and_keeps_the_bijector(index):
+    keys = jax.random.split(jax.random.key(4), 2)
+    bijector = samplers.BoundedTanh(jnp.array([-1.0, 0.0, 2.0]), jnp.array([1.0, 1.0, 3.0]))
+    dist = samplers.squashed_normal(jax.random.normal(keys[0], (3, 4, 6)), bijector)
+    action = dist.sample(seed=keys[1])
+    sliced = dist[index]
+    assert isinstance(sliced, samplers.SquashedNormal) and sliced.bijector.bijector is bijector
+    batch_index = (index,) if not isinstance(index, tuple) else index
+    expected = np.asarray(dist.log_prob(action))[batch_index]
+    full_index = (*batch_index, slice(None))  # the action axis stays whole
+    np.testing.assert_array_equal(sliced.loc, np.asarray(dist.loc)[full_index])
+    np.testing.assert_allclose(sliced.log_prob(np.asarray(action)[full_index]), expected, rtol=1e-6)
