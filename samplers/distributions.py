@@ -602,8 +602,8 @@ def squashed_normal_from_log_std(
     ``std = exp(clip(log_std, log_std_min, log_std_max))``, each bound optional
     (SAC implementations commonly clip to ``[-20, 2]`` or ``[-5, 2]``; the clip
     stops the gradient outside the bounds, as theirs does), then floored at the
-    smallest normal float as in :func:`squashed_normal` (``exp(-104)`` underflows
-    in float32). A NaN ``log_std`` gives a NaN std.
+    smallest normal float as in :func:`squashed_normal` (``exp(log_std)`` falls
+    below it from ``log_std ~ -87.3`` in float32). A NaN ``log_std`` gives a NaN std.
 
     Args:
         mean: Means of the base Normal, shape ``[*batch, action]``, floating.
