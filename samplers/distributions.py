@@ -100,8 +100,8 @@ class SquashedNormal(distrax.Transformed):
         return self._scale
 
     def log_prob(
-        self, value: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> Float[Array, "*sample_and_batch"]:
+        self, value: Float[ArrayLike, "*value_batch action"]
+    ) -> Float[Array, "*broadcast_batch"]:
         """Log-density of an action, finite on the closed range ``[low, high]``.
 
         For ``samplers.Tanh``, ``distrax.Tanh``, ``samplers.BoundedTanh``,
@@ -314,8 +314,8 @@ class SquashedNormal(distrax.Transformed):
         )
 
     def log_cdf(
-        self, value: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> Float[Array, "*sample_and_batch"]:
+        self, value: Float[ArrayLike, "*value_batch action"]
+    ) -> Float[Array, "*broadcast_batch"]:
         """``log P[Y_i <= value_i for every i]``, the joint CDF of the event.
 
         As ``distrax.Independent`` defines it: the sum over the action axis of
@@ -327,14 +327,14 @@ class SquashedNormal(distrax.Transformed):
         return jnp.sum(self._log_ndtr("value", value, 1.0), axis=-1)
 
     def cdf(
-        self, value: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> Float[Array, "*sample_and_batch"]:
+        self, value: Float[ArrayLike, "*value_batch action"]
+    ) -> Float[Array, "*broadcast_batch"]:
         """``P[Y_i <= value_i for every i]``, ``exp(log_cdf(value))``."""
         return jnp.exp(self.log_cdf(value))
 
     def log_survival_function(
-        self, value: Float[ArrayLike, "*sample_and_batch 1"]
-    ) -> Float[Array, "*sample_and_batch"]:
+        self, value: Float[ArrayLike, "*value_batch 1"]
+    ) -> Float[Array, "*broadcast_batch"]:
         """``log P[Y > value]`` for a one-dimensional action, without cancellation.
 
         Raises:
@@ -345,15 +345,13 @@ class SquashedNormal(distrax.Transformed):
         return jnp.sum(self._log_ndtr("value", value, -1.0), axis=-1)
 
     def survival_function(
-        self, value: Float[ArrayLike, "*sample_and_batch 1"]
-    ) -> Float[Array, "*sample_and_batch"]:
+        self, value: Float[ArrayLike, "*value_batch 1"]
+    ) -> Float[Array, "*broadcast_batch"]:
         """``P[Y > value]`` for a one-dimensional action; see :meth:`log_survival_function`."""
         self._require_one_dimension("survival_function", "1 - dist.cdf(value)")
         return jnp.exp(self.log_survival_function(value))
 
-    def quantile(
-        self, p: Float[ArrayLike, "*sample_and_batch"]
-    ) -> Float[Array, "*sample_and_batch 1"]:
+    def quantile(self, p: Float[ArrayLike, "*p_batch"]) -> Float[Array, "*broadcast_batch 1"]:
         """The action below which lies the mass ``p``, for a one-dimensional action.
 
         ``f(loc + scale * ndtri(p))``: exact, since ``f`` is increasing. ``p``
@@ -605,8 +603,8 @@ def squashed_normal_from_log_std(
     ``std = exp(clip(log_std, log_std_min, log_std_max))``, each bound optional
     (SAC implementations commonly clip to ``[-20, 2]`` or ``[-5, 2]``; the clip
     stops the gradient outside the bounds, as theirs does), then floored at the
-    smallest normal float as in :func:`squashed_normal` (``exp(-104)`` underflows
-    in float32). A NaN ``log_std`` gives a NaN std.
+    smallest normal float as in :func:`squashed_normal` (``exp(log_std)`` falls
+    below it from ``log_std ~ -87.3`` in float32). A NaN ``log_std`` gives a NaN std.
 
     Args:
         mean: Means of the base Normal, shape ``[*batch, action]``, floating.

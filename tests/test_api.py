@@ -74,6 +74,23 @@ def test_shape_annotations_hold_at_run_time(batch):
     assert action.shape == (*batch, 3)
 
 
+@pytest.mark.parametrize("batch", [(), (5,), (3, 4)], ids=["(A,)", "(B,A)", "(T,B,A)"])
+def test_distribution_method_annotations_hold_at_run_time(batch):
+    mean, std = jnp.zeros((*batch, 1)), jnp.ones((*batch, 1))
+    dist = _checked(samplers.squashed_normal_from_std)(mean, std)
+    dist = _checked(samplers.squashed_normal_from_log_std)(mean, jnp.log(std), log_std_min=-5.0)
+    for value in (jnp.zeros(1), jnp.zeros((*batch, 1)), jnp.zeros((7, *batch, 1))):
+        for method in ("log_prob", "log_cdf", "cdf", "survival_function", "log_survival_function"):
+            assert (
+                getattr(dist, method)(value).shape
+                == jnp.broadcast_shapes(value.shape, mean.shape)[:-1]
+            )
+            _checked(getattr(samplers.SquashedNormal, method))(dist, value)
+    _checked(samplers.SquashedNormal.quantile)(dist, jnp.full((7, *batch), 0.3))
+    for method in ("mode", "median", "mean", "variance", "stddev"):
+        assert _checked(getattr(samplers.SquashedNormal, method))(dist).shape == mean.shape
+
+
 def test_shape_annotations_catch_a_mismatched_pre_image():
     dist = samplers.normal_tanh(jnp.zeros((5, 6)))
     with pytest.raises(TypeCheckError):

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import integrate, special, stats
 from tensorflow_probability.substrates import jax as tfp
 
@@ -474,3 +476,20 @@ def test_indexing_slices_the_batch_and_keeps_the_bijector(index):
     full_index = (*batch_index, slice(None))  # the action axis stays whole
     np.testing.assert_array_equal(sliced.loc, np.asarray(dist.loc)[full_index])
     np.testing.assert_allclose(sliced.log_prob(np.asarray(action)[full_index]), expected, rtol=1e-6)
+
+
+@given(
+    action=st.floats(-1.0, 1.0, width=32, allow_subnormal=False),
+    loc=st.floats(-20.0, 20.0, width=32, allow_subnormal=False),
+    scale=st.floats(2.0**-10, 10.0, width=32, allow_subnormal=False),
+)
+def test_log_prob_and_its_gradients_are_finite_for_any_action_in_the_closed_range(
+    action, loc, scale
+):
+    def log_prob(action, loc, scale):
+        dist = samplers.SquashedNormal(loc[None], scale[None], samplers.Tanh())
+        return dist.log_prob(action[None])
+
+    args = (jnp.float32(action), jnp.float32(loc), jnp.float32(scale))
+    value, grads = jax.value_and_grad(log_prob, argnums=(0, 1, 2))(*args)
+    assert np.isfinite(value) and all(np.isfinite(g) for g in grads)

@@ -501,9 +501,12 @@ def test_log_std_is_clipped_to_the_given_bounds(log_std_min, log_std_max, expect
 
 
 def test_an_underflowing_log_std_is_floored_and_nan_stays_nan():
-    dist = samplers.squashed_normal_from_log_std(jnp.zeros(3), jnp.array([-200.0, jnp.nan, 0.0]))
-    assert dist.scale[0] == np.finfo(np.float32).tiny
-    assert np.isnan(dist.scale[1]) and dist.scale[2] == 1.0
+    tiny = np.finfo(np.float32).tiny  # exp(-87.34)
+    log_std = jnp.array([-200.0, -87.4, -87.3, jnp.nan, 0.0])
+    dist = samplers.squashed_normal_from_log_std(jnp.zeros(5), log_std)
+    np.testing.assert_array_equal(dist.scale[:2], [tiny, tiny])
+    assert dist.scale[2] > tiny
+    assert np.isnan(dist.scale[3]) and dist.scale[4] == 1.0
 
 
 CONSTRUCTORS = {

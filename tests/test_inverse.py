@@ -288,3 +288,18 @@ def test_actions_outside_the_range_are_nan_not_scored_on_the_bound(bijector, act
     for scores in (log_prob_from_action(dist, action), dist.log_prob(action)):
         assert np.isfinite(scores[0])
         assert np.all(np.isnan(scores[1:])), scores
+
+
+@pytest.mark.parametrize(
+    "bijector", [samplers.Sigmoid(), distrax.Sigmoid()], ids=["samplers", "distrax"]
+)
+def test_a_sigmoid_action_on_a_bound_is_scored_half_a_float_step_inside(bijector):
+    # At 0 the step is the smallest normal float (x ~ -87.3); at 1, half of 2**-24.
+    tiny, half_step = np.float64(np.finfo(np.float32).tiny), 2.0**-25
+    inside = np.array([tiny, 1 - half_step])
+    expected, x = _sigmoid_reference_float64(inside, 0.5, 30.0)
+    assert x[0] == pytest.approx(-87.34, abs=0.01)
+    dist = samplers.SquashedNormal(jnp.full((2, 1), 0.5), jnp.full((2, 1), 30.0), bijector)
+    action = jnp.array([[0.0], [1.0]])
+    np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)
+    np.testing.assert_allclose(log_prob_from_action(dist, action), expected, rtol=1e-6)
