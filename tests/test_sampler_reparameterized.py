@@ -177,7 +177,9 @@ def test_outputs_and_stream_do_not_depend_on_the_flag(kind):
         for ours, theirs in (rollouts, replays):
             for a, b in zip(_outputs(ours), _outputs(theirs), strict=True):
                 np.testing.assert_array_equal(a, b)
-    assert int(default.rng.default.count[...]) == int(pathwise.rng.default.count[...]) == 2 + 2 + 1 + 1
+    assert (
+        int(default.rng.default.count[...]) == int(pathwise.rng.default.count[...]) == 2 + 2 + 1 + 1
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
