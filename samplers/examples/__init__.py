@@ -5,4 +5,6 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
 
 - ``pendulum``: PPO on gymnax's ``Pendulum-v1`` with a squashed-Normal policy head
   that stores the pre-squash action in the rollout and replays it in the loss.
+- ``pendulum_sac``: SAC on the same task, with the head in reparameterised mode so
+  that the actor loss differentiates through the sampled action.
 """
