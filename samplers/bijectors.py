@@ -6,7 +6,8 @@ import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jax.core import Tracer
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from samplers._numerics import softplus, tanh_log_det
 
@@ -16,7 +17,8 @@ class Tanh(distrax.Tanh):
 
     The same maps and the same values to float32 rounding, but the
     log-determinant and its derivative share one ``exp(-2|x|)``, which XLA
-    does not find by itself. :func:`samplers.normal_tanh` uses it.
+    does not find by itself. :func:`samplers.normal_tanh` uses it. Shapes and
+    dtypes are ``distrax.Tanh``'s: those of the input, integers becoming floats.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -34,6 +36,22 @@ class Tanh(distrax.Tanh):
         x = jnp.arctanh(y)
         return x, -tanh_log_det(x)
 
+    def same_as(self, other: distrax.Bijector) -> bool:
+        """Whether ``other`` is guaranteed to be the same map: a ``samplers.Tanh`` or a
+        ``distrax.Tanh``.
+
+        ``distrax.Tanh().same_as(samplers.Tanh())`` is False all the same: that is
+        distrax's code, which accepts only its own class. A False from ``same_as``
+        means "not guaranteed", so the asymmetry is conservative, and
+        :func:`same_map` answers both orders alike.
+
+        Example:
+            >>> import distrax, samplers
+            >>> samplers.Tanh().same_as(distrax.Tanh()), distrax.Tanh().same_as(samplers.Tanh())
+            (True, False)
+        """
+        return same_map(self, other) is True
+
 
 class Sigmoid(distrax.Sigmoid):
     """``distrax.Sigmoid`` with a log-determinant whose gradient is finite for any ``x``.
@@ -50,10 +68,23 @@ class Sigmoid(distrax.Sigmoid):
     """
 
     def forward_log_det_jacobian(self, x):
+        x = jnp.asarray(x)
         return -softplus(x) - softplus(-x)
 
     def forward_and_log_det(self, x):
         return jax.nn.sigmoid(x), self.forward_log_det_jacobian(x)
+
+    def same_as(self, other: distrax.Bijector) -> bool:
+        """Whether ``other`` is guaranteed to be the same map: a ``samplers.Sigmoid`` or
+        a ``distrax.Sigmoid`` (distrax's ``same_as`` accepts only its own class).
+
+        Example:
+            >>> import distrax, samplers
+            >>> sigmoid = samplers.Sigmoid()
+            >>> sigmoid.same_as(distrax.Sigmoid()), sigmoid.same_as(samplers.Tanh())
+            (True, False)
+        """
+        return same_map(self, other) is True
 
 
 class BoundedTanh(distrax.Bijector):
@@ -66,14 +97,25 @@ class BoundedTanh(distrax.Bijector):
     one ulp past a bound. Like ``distrax.Tanh``, the inverse of a saturated action
     is infinite: score stored pre-images instead (see ``SquashedNormal``).
 
+    Shapes and dtypes are those of ``distrax.Chain([distrax.ScalarAffine(center,
+    half_range), distrax.Tanh()])``: the bounds are batched parameters that
+    broadcast against the input (bounds ``[A]`` and an input ``()`` give ``[A]``;
+    an input ``[B, 1]`` gives ``[B, A]``), and the dtype is JAX's promotion of the
+    input with the bounds. Bounds given as Python numbers are weakly typed and
+    take the input's dtype, so with ``jax_enable_x64`` a float32 input still gives
+    float32; bounds given as floating arrays keep their dtype (float64 arrays
+    promote a float32 input to float64). Integer inputs become the default float dtype.
+
     Args:
         low: Lower bounds, a scalar or one per action dimension.
         high: Upper bounds, the same shape as ``low``.
 
     Raises:
-        ValueError: the bounds are not finite, subnormal (XLA flushes those to
-            zero), ``low >= high`` anywhere, the shapes differ, or they have more
-            than one dimension.
+        ValueError: the bounds are not finite (also once stored: ``1e300``
+            overflows float32), subnormal (XLA flushes those to zero),
+            ``low >= high`` anywhere, the shapes differ, or they have more than
+            one dimension. Traced bounds (built inside ``jax.jit`` or
+            ``jax.vmap``) are checked for shape only.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -89,13 +131,23 @@ class BoundedTanh(distrax.Bijector):
                 f"low and high must have the same shape, () or (action_dim,), got "
                 f"{np.shape(low)} and {np.shape(high)}; give one bound per action dimension."
             )
-        # Traced bounds (built inside a jitted function) can only be checked for shape.
-        if not any(isinstance(bound, jax.core.Tracer) for bound in (low, high)):
-            low_np, high_np = np.asarray(low), np.asarray(high)
-            tiny = np.finfo(jnp.result_type(float)).tiny
-            for name, bound in (("low", low_np), ("high", high_np)):
-                if not np.issubdtype(bound.dtype, np.number) or not np.all(np.isfinite(bound)):
+        # Traced bounds (built inside jax.jit or jax.vmap) can only be checked for shape.
+        traced = any(isinstance(bound, Tracer) for bound in (low, high))
+        if not traced:
+            for name, bound in (("low", low), ("high", high)):
+                if not np.issubdtype(np.asarray(bound).dtype, np.number):
                     raise ValueError(f"{name} must be finite real numbers, got {bound}.")
+        self.low = _as_bound(low)
+        self.high = _as_bound(high)
+        if not traced:
+            # Checked as stored, so that a bound that overflows its dtype is caught too.
+            low_np, high_np = np.asarray(self.low), np.asarray(self.high)
+            for name, bound, given in (("low", low_np, low), ("high", high_np, high)):
+                if not np.all(np.isfinite(bound)):
+                    raise ValueError(
+                        f"{name} must be finite real numbers in {bound.dtype}, got {given}."
+                    )
+                tiny = np.finfo(bound.dtype).tiny
                 if np.any((bound != 0) & (np.abs(bound) < tiny)):
                     raise ValueError(
                         f"{name} must be 0 or at least {tiny:.3g} in magnitude, got {bound}: "
@@ -105,24 +157,113 @@ class BoundedTanh(distrax.Bijector):
                 raise ValueError(
                     f"low must be < high in every dimension, got low={low_np} and high={high_np}."
                 )
-        dtype = jnp.result_type(float)
-        self.low = jnp.asarray(low, dtype)
-        self.high = jnp.asarray(high, dtype)
 
-    def _bounds(self, shape):
-        # Broadcast explicitly: the bounds cover the last axis, the input may have more.
-        low, high = jnp.broadcast_to(self.low, shape), jnp.broadcast_to(self.high, shape)
-        return low, high, (high + low) / 2, (high - low) / 2
+    def _broadcast(self, x):
+        """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            x = x.astype(jnp.result_type(float))  # as distrax.Tanh: integers become floats
+        # Explicit, as distrax.ScalarAffine does: the bounds are batched parameters.
+        shape = jax.lax.broadcast_shapes(jnp.shape(self.low), x.shape)
+        x, low, high = (jnp.broadcast_to(a, shape) for a in (x, self.low, self.high))
+        return x, low, high, (high + low) / 2, (high - low) / 2
 
     def forward_and_log_det(self, x):
-        low, high, center, half_range = self._bounds(jnp.shape(x))
+        x, low, high, center, half_range = self._broadcast(x)
         y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
         return y, jnp.log(half_range) + tanh_log_det(x)
 
     def inverse_and_log_det(self, y):
-        _, _, center, half_range = self._bounds(jnp.shape(y))
+        y, _, _, center, half_range = self._broadcast(y)
         x = jnp.arctanh((y - center) / half_range)
         return x, -(jnp.log(half_range) + tanh_log_det(x))
+
+    def same_as(self, other: distrax.Bijector) -> bool:
+        """Whether ``other`` is guaranteed to be the same map: a ``BoundedTanh`` with
+        equal bounds.
+
+        Bounds compare by value after broadcasting, so scalar bounds equal a vector
+        of the same value. Traced bounds (inside ``jax.jit`` or ``jax.vmap``) have
+        no values at trace time, when ``same_as`` must answer: unless they are the
+        same arrays, the answer is False, which means "not guaranteed", never
+        that the bounds differ. :func:`samplers.kl_divergence` compares them at run
+        time instead (see :func:`same_map`).
+
+        Example:
+            >>> import samplers
+            >>> samplers.BoundedTanh(-2.0, 2.0).same_as(samplers.BoundedTanh(-2.0, 2.0))
+            True
+        """
+        return same_map(self, other) is True
+
+
+def _as_bound(value) -> Array:
+    # Python numbers stay weakly typed, as distrax.ScalarAffine's parameters, so they
+    # take the input's dtype; arrays keep theirs; integers become the default float.
+    if isinstance(value, (int, float)):
+        return jnp.asarray(float(value))
+    bound = jnp.asarray(value)
+    if jnp.issubdtype(bound.dtype, jnp.floating):
+        return bound
+    return bound.astype(jnp.result_type(float))
+
+
+# Exact types, as distrax's own ``same_as``: a subclass may change the map.
+_SAME_MAP_FAMILIES = (frozenset({Tanh, distrax.Tanh}), frozenset({Sigmoid, distrax.Sigmoid}))
+_OURS = (Tanh, Sigmoid, BoundedTanh)
+
+
+def same_map(f: distrax.Bijector, g: distrax.Bijector) -> bool | Bool[Array, "*action"]:
+    """Whether two elementwise bijectors are the same map, in either order.
+
+    ``samplers.Tanh`` and ``distrax.Tanh`` are one map, as are ``samplers.Sigmoid``
+    and ``distrax.Sigmoid``; two ``BoundedTanh`` are when their bounds are equal
+    after broadcasting (a subclass of any of these is not known to be the same
+    map). Other bijectors are the same map if ``f.same_as(g)`` or ``g.same_as(f)``
+    says so. The ``same_as`` of this module's bijectors and
+    :func:`samplers.kl_divergence` both answer from here.
+
+    Args:
+        f: A bijector.
+        g: Another.
+
+    Returns:
+        A Python bool where the answer is known at trace time. For two
+        ``BoundedTanh`` with traced bounds whose shapes broadcast, a boolean array
+        of the broadcast shape of the bounds, true where they are equal at run time.
+
+    Example:
+        >>> import distrax, samplers
+        >>> unit, wider = samplers.BoundedTanh(-1.0, 1.0), samplers.BoundedTanh(-1.0, 2.0)
+        >>> same_map(distrax.Tanh(), samplers.Tanh()), same_map(unit, wider)
+        (True, False)
+    """
+    if f is g:
+        return True
+    for family in _SAME_MAP_FAMILIES:
+        if type(f) in family or type(g) in family:
+            return type(f) in family and type(g) in family
+    if type(f) is BoundedTanh and type(g) is BoundedTanh:
+        return _same_bounds(f, g)
+    if isinstance(f, _OURS) or isinstance(g, _OURS):
+        return False  # a subclass, or a different map; their same_as would come back here
+    return bool(f.same_as(g) or g.same_as(f))
+
+
+def _same_bounds(f: BoundedTanh, g: BoundedTanh) -> bool | Bool[Array, "*action"]:
+    # Compared by value, in either dtype: a float32 0.1 is not a float64 0.1.
+    try:
+        shape = jnp.broadcast_shapes(jnp.shape(f.low), jnp.shape(g.low))
+    except ValueError:
+        return False
+    if f.low is g.low and f.high is g.high:
+        return True
+    bounds = (f.low, f.high, g.low, g.high)
+    if not any(isinstance(bound, Tracer) for bound in bounds):
+        low_f, high_f, low_g, high_g = (np.broadcast_to(np.asarray(b), shape) for b in bounds)
+        return bool(np.array_equal(low_f, low_g) and np.array_equal(high_f, high_g))
+    low_f, high_f, low_g, high_g = (jnp.broadcast_to(b, shape) for b in bounds)
+    return (low_f == low_g) & (high_f == high_g)
 
 
 class Squashing(NamedTuple):

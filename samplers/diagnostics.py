@@ -7,13 +7,11 @@ for two policies that share a squashing.
 """
 
 import distrax
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
-from samplers.bijectors import BoundedTanh, bijector_name, squashing
+from samplers.bijectors import BoundedTanh, bijector_name, same_map, squashing
 from samplers.distributions import SquashedNormal
 
 
@@ -37,7 +35,8 @@ def saturation_fraction(
         axis: Axes to average over, as in ``jnp.mean``; ``None`` for all.
 
     Returns:
-        The fraction in ``[0, 1]``, a scalar unless ``axis`` keeps some axes.
+        The fraction in ``[0, 1]``, a scalar unless ``axis`` keeps some axes; NaN
+        where a NaN pre-image is averaged over.
 
     Raises:
         TypeError: ``pre_image`` is not floating or ``threshold`` not a number.
@@ -55,6 +54,8 @@ def saturation_fraction(
     else:
         threshold = _checks.real_number("threshold", threshold, above=0.0)
         saturated = jnp.abs(pre_image) >= threshold
+    # A NaN pre-image is neither saturated nor not: it makes its fraction NaN.
+    saturated = jnp.where(jnp.isnan(pre_image), jnp.nan, saturated)
     return jnp.mean(saturated, axis=axis, dtype=pre_image.dtype)
 
 
@@ -181,7 +182,10 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     with ``s_p**2 / s_q**2 - 1 - 2 log(s_p / s_q)`` computed as ``expm1(2 t) - 2 t``
     (``t = log(s_p / s_q)``) so that close stds keep their digits. Unlike
     ``distrax``'s check, which compares traced programs and does not see the values
-    of bounds, bijectors are compared by type and parameters.
+    of bounds, bijectors are compared by type and parameters
+    (:func:`samplers.bijectors.same_map`). Bounds traced inside ``jax.jit`` or
+    ``jax.vmap`` have no values when the check runs: they are compared when the
+    program runs, and where they differ the KL is NaN.
 
     Args:
         p: A :class:`SquashedNormal`.
@@ -207,7 +211,7 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     for name, dist in (("p", p), ("q", q)):
         if not isinstance(dist, SquashedNormal):
             raise TypeError(f"{name} must be a samplers.SquashedNormal, got {type(dist).__name__}.")
-    _check_same_bijector(p.bijector.bijector, q.bijector.bijector)
+    same = _same_bijector(_elementwise(p), _elementwise(q))
     try:
         shape = jnp.broadcast_shapes(p.loc.shape, q.loc.shape)
     except ValueError:
@@ -224,39 +228,32 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     per_dimension = 0.5 * (
         jnp.expm1(2.0 * log_ratio) - 2.0 * log_ratio + jnp.square((loc_p - loc_q) / scale_q)
     )
+    if same is not True:
+        # Bounds traced inside jax.jit or jax.vmap are compared when the program runs.
+        same = jnp.all(same)
+        per_dimension = jnp.where(same, per_dimension, jnp.nan)
     return jnp.sum(per_dimension, axis=-1)
 
 
-def _check_same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> None:
-    """Raises unless ``f`` and ``g`` are known to be the same map."""
-    if f is g:
-        return
-    if isinstance(f, distrax.Tanh) and isinstance(g, distrax.Tanh):
-        return  # samplers.Tanh and distrax.Tanh are the same map
+def _elementwise(dist: SquashedNormal) -> distrax.Bijector:
+    """The elementwise bijector inside ``dist``'s ``distrax.Block``."""
+    bijector = dist.bijector
+    return bijector.bijector if isinstance(bijector, distrax.Block) else bijector
+
+
+def _same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> bool | Array:
+    """``same_map(f, g)``, raising where it is False at trace time."""
+    same = same_map(f, g)
+    if same is not False:
+        return same
     if isinstance(f, BoundedTanh) and isinstance(g, BoundedTanh):
-        # Traced bounds cannot be compared; they are taken to be the same.
-        if _same_values(f.low, g.low) is not False and _same_values(f.high, g.high) is not False:
-            return
         raise ValueError(
             f"p and q must share their bijector, got BoundedTanh(low={f.low}, "
             f"high={f.high}) and BoundedTanh(low={g.low}, high={g.high}); with different "
             f"bounds the supports differ and the KL is not that of the base Normals."
         )
-    if type(f) is type(g) and f.same_as(g):
-        return
     raise ValueError(
         f"p and q must share their bijector, got {bijector_name(f)} and "
         f"{bijector_name(g)} that cannot be shown to be the same map; build both "
         f"with the same bijector instance."
     )
-
-
-def _same_values(a, b) -> bool | None:
-    """Whether two bound arrays are equal; ``None`` when traced (not knowable)."""
-    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
-        return None if np.shape(a) == np.shape(b) else False
-    try:
-        a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
-    except ValueError:
-        return False
-    return bool(np.array_equal(a, b))

@@ -35,6 +35,12 @@ class DistributionSampler(ActionSampler):
     can round to exactly 0 or 1, where ``log_prob`` is infinite; for squashed
     Normals store the pre-image instead (:class:`samplers.SquashedNormalSampler`).
 
+    NaN or infinite parameters reach ``make_distribution`` as they are, and what
+    they give is that distribution's: a distrax Normal's sample and
+    log-likelihood are not finite; a Categorical's log-likelihood is not finite
+    and its entropy is NaN, but its action is an integer and cannot be NaN;
+    ``-inf`` logits, as action masks use, are a valid Categorical.
+
     Args:
         rng: The ``nnx.Rngs`` to draw from (or ``rngs=``); the sampler keeps and
             advances it.

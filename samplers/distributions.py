@@ -308,8 +308,9 @@ def squashed_normal(
         A ``SquashedNormal`` (a ``distrax.Transformed``) with batch shape
         ``[*batch]`` and event shape ``[action]``. It computes in the input's
         dtype, but float16 and bfloat16 inputs are computed (and returned) in
-        float32. Non-finite inputs propagate: the affected outputs are NaN or
-        infinite, never a finite wrong number.
+        float32. A NaN or infinite mean or raw std makes that dimension's mean
+        NaN, so its pre-image and action and the batch element's log-density are
+        NaN, never a finite wrong number (``tanh(inf)`` would be the action 1).
 
     Raises:
         TypeError: ``mean_and_std`` is not floating, or an option is not a number.
@@ -333,6 +334,8 @@ def squashed_normal(
         # float16 and bfloat16 lose the tails of log-densities: compute in float32.
         mean_and_std = mean_and_std.astype(jnp.float32)
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
+    # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
+    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
     # Floored at the smallest normal float: below it XLA flushes the std to zero.
     std = jnp.maximum((softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
     return SquashedNormal(mean, std, bijector)

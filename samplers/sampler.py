@@ -221,7 +221,9 @@ class _SquashedNormalHead(ActionSampler):
         bounds = squashing(self.bijector)
         if bounds is not None:
             distances = bounds.distances(action)
-            metrics["saturation"] = jnp.mean(distances <= 0, axis=-1, dtype=action.dtype)
+            # A NaN action is neither on a bound nor off it: its saturation is NaN.
+            on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
+            metrics["saturation"] = jnp.mean(on_bound, axis=-1, dtype=action.dtype)
             metrics["bound_distance"] = jnp.min(distances, axis=-1)
         if old_log_likelihood is not None:
             log_ratio = log_likelihood - old_log_likelihood
@@ -551,7 +553,12 @@ class StateIndependentSampler(_SquashedNormalHead):
             mean = mean.astype(jnp.float32)  # as squashed_normal: low precision loses the tails
         # Floored at the smallest normal float, as squashed_normal's std: below it XLA
         # flushes the std to zero and the log-likelihood is NaN.
-        std = jnp.maximum(jnp.exp(self.log_std[...].astype(mean.dtype)), jnp.finfo(mean.dtype).tiny)
+        log_std = self.log_std[...].astype(mean.dtype)
+        std = jnp.maximum(jnp.exp(log_std), jnp.finfo(mean.dtype).tiny)
+        # As squashed_normal: a non-finite mean or log-std makes that dimension NaN,
+        # where f(+-inf) would be a finite action.
+        finite = jnp.isfinite(mean) & jnp.broadcast_to(jnp.isfinite(log_std), mean.shape)
+        mean = jnp.where(finite, mean, jnp.nan)
         return SquashedNormal(mean, jnp.broadcast_to(std, mean.shape), self.bijector)
 
 

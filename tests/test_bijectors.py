@@ -76,8 +76,19 @@ def test_scalar_bounds_apply_to_every_dimension():
         ([0.0, -np.inf], [1.0, 1.0], r"low must be finite real numbers"),
         (0.0, np.nan, r"high must be finite real numbers"),
         ("a", "b", r"low must be finite real numbers"),
+        (-1e300, 1e300, r"low must be finite real numbers in float32, got -1e\+300"),
     ],
 )
 def test_bad_bounds_are_refused(low, high, message):
     with pytest.raises(ValueError, match=message):
         samplers.BoundedTanh(low, high)
+
+
+def test_traced_bounds_are_checked_for_shape_only():
+    def forward(low, high):
+        return samplers.BoundedTanh(low, high).forward(jnp.zeros(2))
+
+    # Crossing bounds have no values at trace time: not refused, and not meaningful.
+    jax.jit(forward)(jnp.ones(2), jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"same shape.*got \(2,\) and \(3,\)"):
+        jax.jit(forward)(jnp.zeros(2), jnp.ones(3))

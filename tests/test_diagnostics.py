@@ -41,6 +41,14 @@ def test_saturation_threshold_and_axis():
     np.testing.assert_array_equal(per_dimension, [0.5, 0.75])
 
 
+def test_saturation_of_a_nan_pre_image_is_nan_not_zero():
+    pre_image = jnp.array([[0.5, jnp.nan], [20.0, 0.0]])
+    for threshold in (None, 5.0):
+        fraction = saturation_fraction(pre_image, threshold=threshold, axis=-1)
+        assert np.isnan(fraction[0]) and float(fraction[1]) == 0.5
+        assert np.isnan(saturation_fraction(pre_image, threshold=threshold))
+
+
 def test_saturation_refuses_bad_arguments():
     with pytest.raises(TypeError, match=r"pre_image must have a floating dtype, got int32"):
         saturation_fraction(jnp.zeros(3, jnp.int32))
@@ -247,6 +255,42 @@ def test_kl_refuses_different_bijectors_where_distrax_does_not():
     _, sigmoid = _pair((), distrax.Sigmoid())
     with pytest.raises(ValueError, match=r"got Tanh and Sigmoid"):
         kl_divergence(_pair((), samplers.Tanh())[0], sigmoid)
+
+
+def _kl_with_bounds(low_p, high_p, low_q, high_q, mean_and_std_p, mean_and_std_q):
+    p = samplers.squashed_normal(mean_and_std_p, samplers.BoundedTanh(low_p, high_p))
+    q = samplers.squashed_normal(mean_and_std_q, samplers.BoundedTanh(low_q, high_q))
+    return kl_divergence(p, q), p.kl_divergence(q)
+
+
+def test_kl_of_bounds_traced_in_jit_is_nan_where_they_differ_and_exact_where_equal():
+    keys = jax.random.split(jax.random.key(5), 2)
+    mean_and_std_p, mean_and_std_q = (jax.random.normal(k, (4, 6)) for k in keys)
+    kl = jax.jit(_kl_with_bounds)
+    equal, _ = kl(LOW, HIGH, LOW, HIGH, mean_and_std_p, mean_and_std_q)
+    exact, _ = _kl_with_bounds(LOW, HIGH, LOW, HIGH, mean_and_std_p, mean_and_std_q)
+    np.testing.assert_allclose(equal, exact, rtol=1e-6)
+    assert np.all(np.isfinite(equal))
+    other_high = HIGH.at[2].set(0.5)
+    for bounds_q in ((LOW, other_high), (LOW.at[0].set(-1.0), HIGH)):
+        ours, distrax_kl = kl(LOW, HIGH, *bounds_q, mean_and_std_p, mean_and_std_q)
+        assert np.all(np.isnan(ours))
+        # distrax takes the traced bounds to be equal and returns the base KL.
+        np.testing.assert_allclose(distrax_kl, exact, rtol=1e-6)
+
+
+def test_kl_of_stacked_bounds_under_vmap_is_nan_only_for_members_whose_bounds_differ():
+    mean_and_std = jax.random.normal(jax.random.key(6), (3, 2, 6))
+    low_p = jnp.stack([LOW, LOW, LOW])
+    low_q = jnp.stack([LOW, LOW - 1.0, LOW])
+    high = jnp.stack([HIGH, HIGH, HIGH])
+    ours, _ = jax.vmap(_kl_with_bounds)(low_p, high, low_q, high, mean_and_std, mean_and_std + 0.5)
+    for member in (0, 2):
+        exact, _ = _kl_with_bounds(
+            LOW, HIGH, LOW, HIGH, mean_and_std[member], mean_and_std[member] + 0.5
+        )
+        np.testing.assert_allclose(ours[member], exact, rtol=1e-6)
+    assert np.all(np.isnan(ours[1]))
 
 
 def test_kl_accepts_the_same_map_written_differently():

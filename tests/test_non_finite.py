@@ -1,0 +1,185 @@
+"""A NaN or infinite parameter gives NaN outputs, never a plausible finite number.
+
+``tanh(+-inf)`` is the finite action ``+-1``: without a guard an infinite mean (or
+std, through ``mean + inf * eps``) would give a finite action. Each case sets one
+parameter of one batch element and checks that element's outputs are NaN where
+they depend on it, and every other output is what the clean input gives.
+"""
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+
+A = 3  # action dimensions
+ROW, DIM = 1, 2  # the batch element and action dimension that receive the bad value
+# (column of [mean | raw_std], value)
+BAD = [(DIM, jnp.inf), (DIM, -jnp.inf), (DIM, jnp.nan), (A + DIM, jnp.inf), (A + DIM, -jnp.inf)]
+BAD_IDS = ["mean=+inf", "mean=-inf", "mean=nan", "raw_std=+inf", "raw_std=-inf"]
+BIJECTORS = {
+    "Tanh": samplers.Tanh(),
+    "BoundedTanh": samplers.BoundedTanh(jnp.array([-2.0, 0.0, -0.1]), jnp.array([2.0, 1.0, 0.3])),
+    "Sigmoid": samplers.Sigmoid(),
+    "distrax.Tanh": distrax.Tanh(),
+}
+
+
+def _inputs(column, value):
+    clean = jnp.linspace(-1.0, 1.0, 4 * 2 * A).reshape(4, 2 * A)
+    return clean, clean.at[ROW, column].set(value)
+
+
+def _assert_nan_in_row_only(bad, clean, *, action_shaped):
+    """NaN at [ROW, DIM] (or [ROW]) and bit-identical to the clean run elsewhere."""
+    bad, clean = np.asarray(bad), np.asarray(clean)
+    where = (ROW, DIM) if action_shaped else (ROW,)
+    assert np.isnan(bad[where])
+    keep = np.ones(bad.shape, bool)
+    keep[where] = False
+    np.testing.assert_array_equal(bad[keep], clean[keep])
+
+
+@pytest.mark.parametrize("column, value", BAD, ids=BAD_IDS)
+@pytest.mark.parametrize("name", list(BIJECTORS))
+def test_the_pure_layer_gives_nan_for_a_non_finite_parameter(name, column, value):
+
+    clean_input, bad_input = _inputs(column, value)
+    build = (
+        samplers.normal_tanh
+        if name == "Tanh"
+        else (lambda x: samplers.squashed_normal(x, BIJECTORS[name]))
+    )
+    clean, bad = build(clean_input), build(bad_input)
+    key = jax.random.key(0)
+    action, pre_image, log_prob = bad.sample_with_pre_image(seed=key)
+    clean_action, clean_pre_image, clean_log_prob = clean.sample_with_pre_image(seed=key)
+    _assert_nan_in_row_only(action, clean_action, action_shaped=True)
+    _assert_nan_in_row_only(pre_image, clean_pre_image, action_shaped=True)
+    _assert_nan_in_row_only(log_prob, clean_log_prob, action_shaped=False)
+    _assert_nan_in_row_only(
+        bad.deterministic_action(), clean.deterministic_action(), action_shaped=True
+    )
+    _assert_nan_in_row_only(
+        bad.log_prob_from_pre_image(clean_pre_image),
+        clean.log_prob_from_pre_image(clean_pre_image),
+        action_shaped=False,
+    )
+    _assert_nan_in_row_only(
+        bad.entropy_estimate(seed=key), clean.entropy_estimate(seed=key), action_shaped=False
+    )
+    _assert_nan_in_row_only(
+        bad.entropy_quadrature(), clean.entropy_quadrature(), action_shaped=False
+    )
+
+
+def _squashed_samplers():
+    return {
+        "NormalTanhSampler": samplers.NormalTanhSampler(nnx.Rngs(0), 0.01),
+        "NormalTanhSampler-quadrature": samplers.NormalTanhSampler(
+            nnx.Rngs(0), 0.01, entropy="quadrature"
+        ),
+        **{
+            f"SquashedNormalSampler-{name}": samplers.SquashedNormalSampler(
+                nnx.Rngs(0), 0.01, bijector=bijector
+            )
+            for name, bijector in BIJECTORS.items()
+            if name != "Tanh"
+        },
+    }
+
+
+def _assert_outputs(bad, clean, mode):
+    if mode == "replay":
+        # The action is f(the stored pre-image): it does not depend on the parameters.
+        np.testing.assert_array_equal(bad.output["action"], clean.output["action"])
+    else:
+        _assert_nan_in_row_only(bad.output["action"], clean.output["action"], action_shaped=True)
+        for metric in ("saturation", "bound_distance"):
+            if metric in clean.metrics:
+                _assert_nan_in_row_only(
+                    bad.metrics[metric], clean.metrics[metric], action_shaped=False
+                )
+    _assert_nan_in_row_only(
+        bad.output["log_likelihood"], clean.output["log_likelihood"], action_shaped=False
+    )
+    _assert_nan_in_row_only(bad.regularization_loss, clean.regularization_loss, action_shaped=False)
+
+
+@pytest.mark.parametrize("column, value", BAD, ids=BAD_IDS)
+@pytest.mark.parametrize("mode", ["rollout", "replay", "eval"])
+@pytest.mark.parametrize("name", list(_squashed_samplers()))
+def test_squashed_samplers_give_nan_for_a_non_finite_parameter(name, mode, column, value):
+    clean_input, bad_input = _inputs(column, value)
+    outputs = []
+    for inputs in (clean_input, bad_input):
+        head = _squashed_samplers()[name]
+        stored = head((), clean_input).rollout_extras  # a clean stored pre-image
+        if mode == "eval":
+            head.eval()
+        outputs.append(head((), inputs, stored if mode == "replay" else None))
+    _assert_outputs(outputs[1], outputs[0], mode)
+
+
+@pytest.mark.parametrize("value", [jnp.inf, -jnp.inf, jnp.nan], ids=["+inf", "-inf", "nan"])
+@pytest.mark.parametrize("mode", ["rollout", "replay", "eval"])
+def test_state_independent_sampler_gives_nan_for_a_non_finite_mean(mode, value):
+    clean_input = jnp.linspace(-1.0, 1.0, 4 * A).reshape(4, A)
+    outputs = []
+    for inputs in (clean_input, clean_input.at[ROW, DIM].set(value)):
+        head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)
+        stored = head((), clean_input).rollout_extras
+        if mode == "eval":
+            head.eval()
+        outputs.append(head((), inputs, stored if mode == "replay" else None))
+    _assert_outputs(outputs[1], outputs[0], mode)
+
+
+@pytest.mark.parametrize("log_std", [jnp.inf, -jnp.inf, jnp.nan], ids=["+inf", "-inf", "nan"])
+def test_state_independent_sampler_gives_nan_for_a_non_finite_learned_std(log_std):
+    head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)
+    head.log_std[...] = head.log_std[...].at[DIM].set(log_std)
+    out = head((), jnp.zeros((4, A)))
+    assert np.all(np.isnan(out.output["action"][:, DIM]))
+    assert np.all(np.isfinite(out.output["action"][:, :DIM]))
+    assert np.all(np.isnan(out.output["log_likelihood"]))
+    assert np.all(np.isnan(out.regularization_loss))
+
+
+@pytest.mark.parametrize("value", [jnp.inf, -jnp.inf, jnp.nan], ids=["+inf", "-inf", "nan"])
+def test_distribution_sampler_passes_non_finite_parameters_to_the_distribution(value):
+    # The distribution decides: a Normal's sample and log-likelihood are not finite.
+    def normal(params):
+        loc, log_scale = jnp.split(params, 2, axis=-1)
+        return distrax.Independent(distrax.Normal(loc, jnp.exp(log_scale)), 1)
+
+    clean_input, bad_input = _inputs(DIM, value)
+    clean, bad = (
+        samplers.DistributionSampler(nnx.Rngs(0), 0.01, normal)((), inputs)
+        for inputs in (clean_input, bad_input)
+    )
+    assert not np.isfinite(bad.output["action"][ROW, DIM])
+    _assert_nan_in_row_only(
+        bad.output["log_likelihood"], clean.output["log_likelihood"], action_shaped=False
+    )
+    # A Categorical's action is an integer and cannot be NaN; its score is not finite.
+    logits = jnp.zeros((2, 3)).at[ROW, 0].set(jnp.nan)
+    out = samplers.DistributionSampler(nnx.Rngs(0), 0.01, lambda x: distrax.Categorical(logits=x))(
+        (), logits
+    )
+    assert not np.isfinite(out.output["log_likelihood"][ROW])
+    assert np.isnan(out.regularization_loss[ROW])
+    assert np.all(np.isfinite(out.output["log_likelihood"][:ROW]))
+
+
+def test_distribution_sampler_leaves_masked_categorical_logits_alone():
+    # -inf logits are how action masks are written: a valid distribution, not an error.
+    logits = jnp.array([[0.0, -jnp.inf, 1.0], [-jnp.inf, 0.0, 0.0]])
+    out = samplers.DistributionSampler(nnx.Rngs(0), 0.01, lambda x: distrax.Categorical(logits=x))(
+        (), logits
+    )
+    assert np.all(np.isfinite(out.output["log_likelihood"]))
+    assert out.output["action"][0] != 1 and out.output["action"][1] != 0
