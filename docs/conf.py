@@ -33,6 +33,8 @@ python_use_unqualified_type_names = True
 html_theme = "sphinx_book_theme"
 html_title = "samplers"
 html_theme_options = {"show_toc_level": 2}
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 
 def _readable(annotation: str) -> str:

@@ -1,4 +1,4 @@
-"""Rows of the README's Guarantees table that no module's own tests check as worded.
+"""Rows of the Guarantees table (docs/guides/guarantees.md) that no module's own tests check as worded.
 
 For every squashing the table names (``NormalTanhSampler``, ``BoundedTanh``,
 ``samplers.Sigmoid`` and the identity): replay needs no inverse; NaN and inf
@@ -65,7 +65,7 @@ def _rollout_and_replay(sampler, mean_and_std, deterministic=False):
     return rollout, sampler((), mean_and_std, rollout.rollout_extras)
 
 
-# README Guarantees, "Replaying the stored pre-image ... with no inverse": the
+# Guarantees, "Replaying the stored pre-image ... with no inverse": the
 # bijector's inverse raises, and rollout and replay run and agree bit for bit.
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -92,7 +92,7 @@ def test_rollout_and_replay_never_invert_the_squashing(kind, jitted, monkeypatch
         sampler.bijector.inverse(jnp.zeros(A))
 
 
-# README Guarantees, "Bad configuration and input are refused ... (integer or bool
+# Guarantees, "Bad configuration and input are refused ... (integer or bool
 # dtypes, NaN or inf options ...)", for the cases no module test lists.
 @pytest.mark.parametrize(
     "options, error, message",
@@ -117,7 +117,7 @@ def test_bool_and_integer_parameters_are_refused_at_trace_time(kind, dtype):
         nnx.jit(lambda s, x: s((), x))(_sampler(kind), jnp.zeros((2, 2 * A), dtype))
 
 
-# README Guarantees, "NaN or inf inside parameters at run time ...".
+# Guarantees, "NaN or inf inside parameters at run time ...".
 POISONS = [
     ("nan", "mean", np.nan),
     ("nan", "raw_std", np.nan),
@@ -150,7 +150,7 @@ def test_non_finite_parameters_reach_that_batch_element_only(kind, value, where,
             np.testing.assert_array_equal(actual_flat[name][others], array[others], err_msg=name)
 
 
-# README Guarantees, "`checked=True` raises ... with the first offending batch index".
+# Guarantees, "`checked=True` raises ... with the first offending batch index".
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "+inf", "-inf"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_checked_mode_names_the_first_non_finite_batch_element(kind, value):
@@ -174,7 +174,7 @@ def _sampler_inputs(name, mean_and_std):
     return mean_and_std[..., :A] if name == "state-independent" else mean_and_std
 
 
-# README Guarantees, "float16 and bfloat16 parameters are computed in float32 and
+# Guarantees, "float16 and bfloat16 parameters are computed in float32 and
 # return float32".
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 def test_low_precision_parameters_compute_in_float32_in_every_sampler(dtype):
@@ -222,7 +222,7 @@ def _loss_float64(kind, mean_and_std, pre_image, entropy_noise):
     return jnp.sum(log_likelihood - ENTROPY_WEIGHT * entropy), (log_likelihood, entropy)
 
 
-# README Guarantees, "under jax_enable_x64 everything is float64 and matches the
+# Guarantees, "under jax_enable_x64 everything is float64 and matches the
 # float64 closed form to 1e-12": values, entropy cost and gradients, every sampler.
 @pytest.mark.parametrize("kind", KINDS)
 def test_float64_values_entropy_and_gradients_match_float64_formulas_to_1e_12(kind):

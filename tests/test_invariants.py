@@ -1,7 +1,7 @@
 """Invariants of the samplers over the whole parameter range, checked with hypothesis.
 
 Means and raw stds are drawn anywhere in ``[-1e3, 1e3]``, ``min_std`` in ``[0, 1]``
-and ``std_scale`` in ``[1e-30, 10]``, for the four squashings the README documents:
+and ``std_scale`` in ``[1e-30, 10]``, for the four squashings the guarantees name:
 ``NormalTanhSampler``, ``BoundedTanh`` and ``samplers.Sigmoid()`` through
 ``SquashedNormalSampler``, and the identity ``distrax.Lambda(lambda x: x)``.
 
@@ -192,7 +192,7 @@ def _check_rollout_and_replay(kind, bounds, mean_and_std, rollout, replay, grad)
             f"{name} action {action} leaves [{low}, {high}]"
         )
     np.testing.assert_array_equal(replay.output["action"], rollout.output["action"])
-    # README Guarantees, "Replaying the stored pre-image ... bit for bit": the replayed
+    # Guarantees, "Replaying the stored pre-image ... bit for bit": the replayed
     # log-likelihood is the rollout's, every bit (the PPO ratio is exactly 1).
     np.testing.assert_array_equal(replay.output["log_likelihood"], rollout.output["log_likelihood"])
     assert mean_and_std.shape[:-1] == rollout.output["log_likelihood"].shape
@@ -200,7 +200,7 @@ def _check_rollout_and_replay(kind, bounds, mean_and_std, rollout, replay, grad)
 
 @st.composite
 def _examples(draw, kind, deterministic=None):
-    """A sampler configuration and input anywhere in the README's ranges.
+    """A sampler configuration and input anywhere in the guarantees' ranges.
 
     Shapes ``[2A]``, ``[B, 2A]`` and ``[T, B, 2A]``, ``min_std`` in ``[0, 1]``,
     ``std_scale`` in ``[1e-30, 10]``, means and raw stds in ``[-1e3, 1e3]``, bounds
@@ -228,7 +228,7 @@ def _check_example(kind, example, rollout, replay_with_gradient):
         np.testing.assert_array_equal(out.rollout_extras, mean_and_std[..., :A])
 
 
-# README Guarantees, rows "... are finite, eagerly and under nnx.jit", "Actions never
+# Guarantees, rows "... are finite, eagerly and under nnx.jit", "Actions never
 # leave the range" and "Replaying ... bit for bit": eagerly, over the whole range.
 @pytest.mark.parametrize("kind", KINDS)
 @PROPERTY
@@ -276,7 +276,7 @@ def _log_abs_derivative_float64(kind, x, bounds):
 
 
 def _float32_tolerance(x, mean, std, log_abs_derivative):
-    """16 float32 ulps of the largest term of ``log N(x) - log|f'(x)|``, as the README says.
+    """16 float32 ulps of the largest term of ``log N(x) - log|f'(x)|``, as the guarantees say.
 
     The terms are ``z**2 / 2``, ``log(std)``, ``log(2 pi) / 2`` and ``log|f'(x)|``;
     the ulp is ``np.spacing`` of the largest magnitude in float32. Rounding of the
@@ -302,7 +302,7 @@ def _one_d_distribution(kind, mean, raw_std, n, min_std, std_scale):
     )
 
 
-# README Guarantees, "In 1-D the density integrates to 1 over the range".
+# Guarantees, "In 1-D the density integrates to 1 over the range".
 @pytest.mark.parametrize("kind", KINDS)
 @PROPERTY
 @given(data=st.data())
@@ -335,7 +335,7 @@ def test_squashed_density_integrates_to_one(kind, data):
 SATURATED_PRE_IMAGES = [10.0, -10.0, 20.0, -20.0, 50.0, -50.0, 1e3, -1e3]
 
 
-# README Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
 # term ... at +-10, +-20, +-50, +-1e3".
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("pre_image", SATURATED_PRE_IMAGES)
@@ -354,7 +354,7 @@ def test_log_prob_of_saturated_pre_images_matches_float64(kind, pre_image, offse
     assert abs(log_prob - expected) <= tolerance, (log_prob, expected, tolerance)
 
 
-# README Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
 # term, for pre-images anywhere in [-1e3, 1e3]".
 @pytest.mark.parametrize("kind", KINDS)
 @PROPERTY
@@ -396,7 +396,7 @@ ENTROPY_CASES = [
 ]
 
 
-# README Guarantees, "The sample entropy estimators' means are within three standard
+# Guarantees, "The sample entropy estimators' means are within three standard
 # errors".
 @pytest.mark.parametrize(
     "kind, mean, std", ENTROPY_CASES, ids=[f"{k}-{m}-{s}" for k, m, s in ENTROPY_CASES]
@@ -444,7 +444,7 @@ def _all_finite_after_rollout_and_replay(kind, min_std, std_scale, mean, raw_std
     ids=["min_std=0,raw=-1e3", "min_std=0,raw=-88", "std_scale=1e-38", "std_scale=1e-46"],
 )
 def test_outputs_are_finite_when_the_std_underflows_to_zero(kind, min_std, std_scale, raw_std):
-    """README Guarantees, "The std never rounds to zero (floored at the smallest normal
+    """Guarantees, "The std never rounds to zero (floored at the smallest normal
     float)": where the float64 std is below it the std is the floor, else at least it."""
     _all_finite_after_rollout_and_replay(kind, min_std, std_scale, 0.0, raw_std)
     sampler = _sampler(kind, min_std, std_scale, ONE_D_BOUNDS)

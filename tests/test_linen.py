@@ -20,7 +20,7 @@ import pytest
 import samplers
 from samplers.examples import linen_actor
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+GUIDE = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "migrating.md"
 OBS_DIM, A, B = 4, 3, 5
 ALPHA = 0.2
 # The made-up critic: Q(s, a) = -sum(W * (a - T)**2), the same for every state.
@@ -128,9 +128,9 @@ def test_training_moves_the_median_action_onto_the_critics_best_action():
     assert summary["final_distance"] < 0.25 * summary["initial_distance"]
 
 
-def test_the_readme_linen_example_is_the_module_line_for_line():
-    """The README's Linen block is this module's code, in order (docstrings aside)."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def test_the_guide_linen_example_is_the_module_line_for_line():
+    """The migration guide's Linen block is this module's code, in order (docstrings aside)."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
     (block,) = [b for b in blocks if "class LinenActor(linen.Module)" in b]
     source = pathlib.Path(linen_actor.__file__).read_text().splitlines()
     position = 0
@@ -140,4 +140,4 @@ def test_the_readme_linen_example_is_the_module_line_for_line():
         try:
             position = source.index(line, position) + 1
         except ValueError:
-            pytest.fail(f"README line not in samplers/examples/linen_actor.py, in order: {line!r}")
+            pytest.fail(f"Guide line not in samplers/examples/linen_actor.py, in order: {line!r}")

@@ -2,7 +2,7 @@
 
 Each test builds a peer's tanh-squashed Gaussian (Brax's ``NormalTanhDistribution``,
 ``distrax.Transformed``, TFP's ``TransformedDistribution``, rlax's
-``squashed_gaussian``) and the ``samplers`` call that the README's migration guide
+``squashed_gaussian``) and the ``samplers`` call that the migration guide (docs/guides/migrating.md)
 maps it to, from the same parameters, and compares their values. Values are compared
 on unsaturated inputs (every pre-image inside ``(-4, 4)``, where float32 ``tanh`` is
 strictly inside ``(-1, 1)``); the traps are shown where ``tanh`` saturates. The

@@ -8,7 +8,7 @@ README = pathlib.Path(__file__).parent.parent / "README.md"
 
 def test_readme_python_blocks_run():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    assert len(blocks) >= 4
+    assert len(blocks) >= 3
     namespace = {}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)

@@ -77,7 +77,7 @@ def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape,
             stored = _inputs(batch_shape, scale=3.0, seed=100 + step)[..., :A] + ours["raw_action"]
 
 
-# README Guarantees, "Replaying the stored pre-image ... reproduces the log-likelihood
+# Guarantees, "Replaying the stored pre-image ... reproduces the log-likelihood
 # bit for bit": eagerly and under nnx.jit, train and eval.
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
