@@ -6,7 +6,7 @@ import re
 
 project = "samplers"
 author = "The samplers authors"
-copyright = "2026, The samplers authors"  # noqa: A001 (Sphinx's name)
+copyright = "2026, The samplers authors"
 release = importlib.metadata.version("samplers")
 version = release
 

@@ -9,7 +9,6 @@ The device count is fixed when jax starts, so every run is a subprocess; the tes
 ends them all, also when it fails.
 """
 
-import os
 import pathlib
 import socket
 import subprocess
@@ -19,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests._devices import REPO_ROOT, cpu_devices_environment
+
 DEVICES = 4
 TIMEOUT_S = 300  # for all three runs together
 
@@ -30,31 +30,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _environment(devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_NUMPY_RANK_PROMOTION"] = "raise"
-    # Warnings are errors, as in the test session; tfp-nightly, imported by distrax,
-    # uses an API that jax deprecates.
-    env["PYTHONWARNINGS"] = (
-        "error,ignore:jax.core.pytype_aval_mappings is deprecated:DeprecationWarning"
-    )
-    env["PYTHONPATH"] = os.pathsep.join(
-        path for path in (str(REPO_ROOT), env.get("PYTHONPATH")) if path
-    )
-    return env
-
-
 def _start(out: pathlib.Path, devices: int, *arguments: str) -> subprocess.Popen:
     """Starts a run writing ``out``; its output goes to ``out`` with the suffix ``.log``."""
     with open(out.with_suffix(".log"), "w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "tests._distributed_script", str(out), *arguments],
             cwd=REPO_ROOT,
-            env=_environment(devices),
+            env=cpu_devices_environment(devices),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

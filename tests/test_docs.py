@@ -28,4 +28,3 @@ def test_the_api_reference_documents_every_public_name():
     text = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
     documented = set(re.findall(r"^\.\. auto(?:class|function):: samplers\.(\w+)$", text, re.M))
     assert documented == set(samplers.__all__)
-

@@ -21,8 +21,6 @@ What they establish:
 """
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -32,8 +30,8 @@ import pytest
 from flax import nnx
 
 import samplers
+from tests._devices import REPO_ROOT, cpu_devices_environment
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENTROPY_WEIGHT = 0.01
 A = 3
 
@@ -41,20 +39,7 @@ A = 3
 @pytest.fixture(scope="module")
 def sharded():
     """Runs every multi-device check in one subprocess; check name -> (passed, detail)."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_NUMPY_RANK_PROMOTION"] = "raise"
-    # Warnings are errors, as in the test session; tfp-nightly, imported by distrax,
-    # uses an API that jax deprecates.
-    env["PYTHONWARNINGS"] = (
-        "error,ignore:jax.core.pytype_aval_mappings is deprecated:DeprecationWarning"
-    )
-    env["PYTHONPATH"] = os.pathsep.join(
-        path for path in (str(REPO_ROOT), env.get("PYTHONPATH")) if path
-    )
+    env = cpu_devices_environment(4)
     result = subprocess.run(
         [sys.executable, "-m", "tests._sharded_script"],
         cwd=REPO_ROOT,
