@@ -1,4 +1,4 @@
-"""Rows of the Guarantees table (docs/guides/guarantees.md) that no module's own tests check as worded.
+"""Rows of the guarantees table (docs/guides/guarantees.md) no other test checks as worded.
 
 For every squashing the table names (``NormalTanhSampler``, ``BoundedTanh``,
 ``samplers.Sigmoid`` and the identity): replay needs no inverse; NaN and inf
