@@ -137,11 +137,11 @@ class BoundedTanh(distrax.Bijector):
             for name, bound in (("low", low), ("high", high)):
                 if not np.issubdtype(np.asarray(bound).dtype, np.number):
                     raise ValueError(f"{name} must be finite real numbers, got {bound}.")
-        self.low = _as_bound(low)
-        self.high = _as_bound(high)
-        if not traced:
-            # Checked as stored, so that a bound that overflows its dtype is caught too.
-            low_np, high_np = np.asarray(self.low), np.asarray(self.high)
+            # Checked in the dtype they are stored in, so that a bound that overflows it
+            # is caught too; on NumPy copies, since inside jax.jit even constant bounds
+            # are stored as tracers.
+            with np.errstate(over="ignore"):
+                low_np, high_np = (np.asarray(b, _bound_dtype(b)) for b in (low, high))
             for name, bound, given in (("low", low_np, low), ("high", high_np, high)):
                 if not np.all(np.isfinite(bound)):
                     raise ValueError(
@@ -157,6 +157,8 @@ class BoundedTanh(distrax.Bijector):
                 raise ValueError(
                     f"low must be < high in every dimension, got low={low_np} and high={high_np}."
                 )
+        self.low = _as_bound(low)
+        self.high = _as_bound(high)
 
     def _broadcast(self, x):
         """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
@@ -195,6 +197,13 @@ class BoundedTanh(distrax.Bijector):
             True
         """
         return same_map(self, other) is True
+
+
+def _bound_dtype(value) -> np.dtype:
+    """The dtype :func:`_as_bound` stores ``value`` in (weak types aside)."""
+    if isinstance(value, (int, float)) or not np.issubdtype(np.asarray(value).dtype, np.floating):
+        return np.dtype(jnp.result_type(float))
+    return np.asarray(value).dtype
 
 
 def _as_bound(value) -> Array:
@@ -297,7 +306,8 @@ def squashing(bijector) -> Squashing | None:
     Accepts the bijector itself or the ``distrax.Block`` that ``SquashedNormal``
     wraps it in: ``samplers.Tanh`` and ``distrax.Tanh`` onto ``[-1, 1]``,
     ``BoundedTanh`` onto its bounds, ``samplers.Sigmoid`` and ``distrax.Sigmoid``
-    onto ``[0, 1]``.
+    onto ``[0, 1]``. Exact types, as for ``same_as``: a subclass may change the
+    map, so the closed forms built on these bounds do not apply to it.
 
     Example:
         >>> import distrax
@@ -306,11 +316,11 @@ def squashing(bijector) -> Squashing | None:
     """
     if isinstance(bijector, distrax.Block):
         bijector = bijector.bijector
-    if isinstance(bijector, distrax.Tanh):
+    if type(bijector) in _SAME_MAP_FAMILIES[0]:
         return Squashing(jnp.asarray(-1.0), jnp.asarray(1.0), 1.0)
-    if isinstance(bijector, BoundedTanh):
+    if type(bijector) is BoundedTanh:
         return Squashing(bijector.low, bijector.high, 1.0)
-    if isinstance(bijector, distrax.Sigmoid):
+    if type(bijector) in _SAME_MAP_FAMILIES[1]:
         return Squashing(jnp.asarray(0.0), jnp.asarray(1.0), 2.0)
     return None
 

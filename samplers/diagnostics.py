@@ -6,6 +6,8 @@ show how far an update moved the policy; :func:`kl_divergence` is the closed for
 for two policies that share a squashing.
 """
 
+from typing import cast
+
 import distrax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
@@ -237,8 +239,7 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
 
 def _elementwise(dist: SquashedNormal) -> distrax.Bijector:
     """The elementwise bijector inside ``dist``'s ``distrax.Block``."""
-    bijector = dist.bijector
-    return bijector.bijector if isinstance(bijector, distrax.Block) else bijector
+    return cast(distrax.Block, dist.bijector).bijector
 
 
 def _same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> bool | Array:
@@ -246,7 +247,7 @@ def _same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> bool | Array:
     same = same_map(f, g)
     if same is not False:
         return same
-    if isinstance(f, BoundedTanh) and isinstance(g, BoundedTanh):
+    if type(f) is BoundedTanh and type(g) is BoundedTanh:
         raise ValueError(
             f"p and q must share their bijector, got BoundedTanh(low={f.low}, "
             f"high={f.high}) and BoundedTanh(low={g.low}, high={g.high}); with different "

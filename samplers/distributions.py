@@ -324,12 +324,13 @@ class SquashedNormal(distrax.Transformed):
         ``-inf`` at and below ``low``, 0 at and above ``high``). For the
         squashings :meth:`log_prob` supports; ``value`` broadcasts as there.
         """
-        return jnp.sum(self._log_ndtr("value", value, 1.0), axis=-1)
+        return jnp.sum(self._log_ndtr("log_cdf", "value", value, 1.0), axis=-1)
 
     def cdf(
         self, value: Float[ArrayLike, "*value_batch action"]
     ) -> Float[Array, "*broadcast_batch"]:
         """``P[Y_i <= value_i for every i]``, ``exp(log_cdf(value))``."""
+        self._require_squashing("cdf")
         return jnp.exp(self.log_cdf(value))
 
     def log_survival_function(
@@ -342,13 +343,14 @@ class SquashedNormal(distrax.Transformed):
                 ``P[Y > y]`` is not defined (distrax refuses it too).
         """
         self._require_one_dimension("log_survival_function", "1 - dist.cdf(value)")
-        return jnp.sum(self._log_ndtr("value", value, -1.0), axis=-1)
+        return jnp.sum(self._log_ndtr("log_survival_function", "value", value, -1.0), axis=-1)
 
     def survival_function(
         self, value: Float[ArrayLike, "*value_batch 1"]
     ) -> Float[Array, "*broadcast_batch"]:
         """``P[Y > value]`` for a one-dimensional action; see :meth:`log_survival_function`."""
         self._require_one_dimension("survival_function", "1 - dist.cdf(value)")
+        self._require_squashing("survival_function")
         return jnp.exp(self.log_survival_function(value))
 
     def quantile(self, p: Float[ArrayLike, "*p_batch"]) -> Float[Array, "*broadcast_batch 1"]:
@@ -356,7 +358,8 @@ class SquashedNormal(distrax.Transformed):
 
         ``f(loc + scale * ndtri(p))``: exact, since ``f`` is increasing. ``p``
         broadcasts with the batch shape; ``p = 0`` and ``p = 1`` give the bounds,
-        ``p`` outside ``[0, 1]`` NaN.
+        ``p`` outside ``[0, 1]`` NaN, and so does a non-finite ``loc`` or a ``scale``
+        that is not positive and finite.
 
         Raises:
             NotImplementedError: the action has more than one dimension, where a
@@ -372,7 +375,8 @@ class SquashedNormal(distrax.Transformed):
         action = self.bijector.forward(loc + scale * special.ndtri(p))
         # Exactly the bounds at 0 and 1, which the affine step of BoundedTanh can miss.
         low, high = (jnp.broadcast_to(jnp.asarray(b, action.dtype), shape) for b in bounds[:2])
-        return jnp.where(p == 0, low, jnp.where(p == 1, high, action))
+        action = jnp.where(p == 0, low, jnp.where(p == 1, high, action))
+        return jnp.where(_squashed.valid_parameters(loc, scale), action, jnp.nan)
 
     def mean(self) -> Float[Array, "*batch action"]:
         """Each dimension's mean ``E[f(x)]``, by quadrature (see :meth:`variance`)."""
@@ -387,12 +391,14 @@ class SquashedNormal(distrax.Transformed):
         Against adaptive float64 integrals, the mean is within ``1e-6`` of the half
         range and the variance within ``1e-5`` relative in float32 (``1e-12`` and
         ``1e-10`` in float64), from ``scale / k = 1e-4`` to 10 and for means up to
-        ``30 k`` (saturated).
+        ``30 k`` (saturated), as long as the variance is at least ``2e-31`` of the
+        squared half range (e.g. mean ``20 k``, scale ``k``); smaller float32
+        variances lose digits and round to 0 below float32's smallest normal number.
 
         ``y = c + h tanh(t)``, ``t = x / k ~ N(m, s)``. For ``s <= 1/2``,
         32-node Gauss-Hermite in the Normal's variable; wider, where the
-        integrand turns into a step, the trapezoidal rule (step 1/4 on
-        ``|t| <= 20``) of the moments integrated by parts against
+        integrand turns into a step, the trapezoidal rule (step 1/4, on 20 either
+        side of the integrand's peak) of the moments integrated by parts against
         ``sech(t)**2``. Deterministic, and NaN for a non-finite ``loc`` or a
         ``scale`` that is not positive and finite.
 
@@ -407,9 +413,9 @@ class SquashedNormal(distrax.Transformed):
         """``sqrt(variance())``, per dimension."""
         return jnp.sqrt(self.variance())
 
-    def _log_ndtr(self, name: str, value, sign: float) -> Array:
+    def _log_ndtr(self, method: str, name: str, value, sign: float) -> Array:
         """``log Phi(sign * z)`` per dimension, ``z`` the standardized pre-image of ``value``."""
-        bounds = self._require_squashing("log_cdf" if sign > 0 else "log_survival_function")
+        bounds = self._require_squashing(method)
         action, loc, scale = self._broadcast(name, value)
         return special.log_ndtr(sign * _squashed.standardized_pre_image(bounds, action, loc, scale))
 
@@ -557,9 +563,11 @@ def squashed_normal_from_std(
 
     ``std + min_std`` is floored at the smallest normal float (``1.2e-38`` in
     float32), as in :func:`squashed_normal`, so that a std that underflowed to 0
-    stays positive. A negative or NaN ``std`` cannot be refused inside a jitted
-    function: its dimensions get a NaN std, so their log-densities, samples and
-    moments are NaN, never a finite number.
+    stays positive. Values are not checked (they cannot be inside ``jax.jit``):
+    as in :func:`squashed_normal`, a NaN or infinite ``mean`` or ``std``, or a
+    negative ``std``, makes that dimension's mean NaN, so its samples, actions
+    (also the deterministic one), log-densities and moments are NaN, never a
+    finite number.
 
     Args:
         mean: Means of the base Normal, shape ``[*batch, action]``, floating.
@@ -585,8 +593,10 @@ def squashed_normal_from_std(
     """
     mean, std = _mean_and_spread("std", mean, std)
     min_std = _checks.real_number("min_std", min_std, minimum=0.0)
-    tiny = jnp.finfo(std.dtype).tiny
-    std = jnp.where(std >= 0, jnp.maximum(std + min_std, tiny), jnp.nan)
+    valid = jnp.isfinite(mean) & jnp.isfinite(std) & (std >= 0)
+    # f(+-inf) would be a finite action: an invalid parameter makes its dimension NaN.
+    mean = jnp.where(valid, mean, jnp.nan)
+    std = jnp.where(valid, jnp.maximum(std + min_std, jnp.finfo(std.dtype).tiny), jnp.nan)
     return SquashedNormal(mean, std, bijector)
 
 
@@ -604,7 +614,9 @@ def squashed_normal_from_log_std(
     (SAC implementations commonly clip to ``[-20, 2]`` or ``[-5, 2]``; the clip
     stops the gradient outside the bounds, as theirs does), then floored at the
     smallest normal float as in :func:`squashed_normal` (``exp(log_std)`` falls
-    below it from ``log_std ~ -87.3`` in float32). A NaN ``log_std`` gives a NaN std.
+    below it from ``log_std ~ -87.3`` in float32). As in :func:`squashed_normal`, a
+    NaN or infinite ``mean`` or ``log_std`` (checked before the clip) makes that
+    dimension's mean NaN, so everything computed from it is NaN.
 
     Args:
         mean: Means of the base Normal, shape ``[*batch, action]``, floating.
@@ -641,6 +653,7 @@ def squashed_normal_from_log_std(
             f"log_std_min must be <= log_std_max, got {log_std_min} > {log_std_max}; "
             f"swap them (e.g. log_std_min=-20.0, log_std_max=2.0)."
         )
+    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(log_std), mean, jnp.nan)
     std = jnp.exp(jnp.clip(log_std, log_std_min, log_std_max))
     std = jnp.maximum(std, jnp.finfo(std.dtype).tiny)
     return SquashedNormal(mean, std, bijector)
@@ -650,7 +663,12 @@ def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
     """``mean`` and ``spread`` (std or log-std) checked, in one dtype of at least 32 bits."""
     mean = _checks.float_array("mean", mean)
     spread = _checks.float_array(name, spread)
-    if mean.shape != spread.shape or mean.ndim < 1:
+    if mean.ndim < 1:
+        raise ValueError(
+            f"mean and {name} need an action axis, shape [*batch, action], got "
+            f"{mean.shape}; for one action dimension use shape (1,)."
+        )
+    if mean.shape != spread.shape:
         raise ValueError(
             f"mean and {name} must have the same shape [*batch, action], got {mean.shape} "
             f"and {spread.shape}; broadcast them yourself (e.g. a state-independent {name} "

@@ -37,7 +37,8 @@ def mode_pre_image(dist: SquashedNormal) -> Float[Array, "*batch action"]:
 
     Args:
         dist: A :class:`SquashedNormal` with bijector ``samplers.Tanh``,
-            ``distrax.Tanh``, ``samplers.BoundedTanh`` or ``distrax.Sigmoid``.
+            ``distrax.Tanh``, ``samplers.BoundedTanh``, ``samplers.Sigmoid`` or
+            ``distrax.Sigmoid``.
 
     Returns:
         The pre-image of the mode, shape ``[*batch, action]``. Score it with
@@ -63,9 +64,9 @@ def mode_pre_image(dist: SquashedNormal) -> Float[Array, "*batch action"]:
     bounds = squashing(dist.bijector)
     if bounds is None:
         raise TypeError(
-            f"mode supports samplers.Tanh, distrax.Tanh, samplers.BoundedTanh and "
-            f"distrax.Sigmoid, got {bijector_name(dist.bijector)}; for the identity the "
-            f"mode is dist.loc."
+            f"mode supports samplers.Tanh, distrax.Tanh, samplers.BoundedTanh, "
+            f"samplers.Sigmoid and distrax.Sigmoid, got {bijector_name(dist.bijector)}; "
+            f"for the identity the mode is dist.loc."
         )
     return _squashed.mode_pre_image(dist.loc, dist.scale, bounds.pre_image_scale)
 

@@ -92,3 +92,41 @@ def test_traced_bounds_are_checked_for_shape_only():
     jax.jit(forward)(jnp.ones(2), jnp.zeros(2))
     with pytest.raises(ValueError, match=r"same shape.*got \(2,\) and \(3,\)"):
         jax.jit(forward)(jnp.zeros(2), jnp.ones(3))
+
+
+def test_constant_bounds_build_inside_jit_and_are_still_checked():
+    """Inside ``jax.jit`` even ``jnp.asarray(2.0)`` is a tracer; constant bounds given as
+    Python numbers or NumPy arrays must still build, and bad ones still be refused."""
+    x = jnp.array([-30.0, 0.3, 40.0])
+
+    @jax.jit
+    def forward(x):
+        return samplers.BoundedTanh(np.array([-2.0, 0.0, -0.1]), np.array([2.0, 1.0, 0.3])).forward(
+            x
+        )
+
+    np.testing.assert_array_equal(forward(x), samplers.BoundedTanh(LOW, HIGH).forward(x))
+    scalar = jax.jit(lambda x: samplers.BoundedTanh(-2.0, 2.0).forward(x))(x)
+    np.testing.assert_array_equal(scalar, samplers.BoundedTanh(-2.0, 2.0).forward(x))
+    with pytest.raises(ValueError, match=r"low must be < high in every dimension, got low=2.0"):
+        jax.jit(lambda x: samplers.BoundedTanh(2.0, 1.0).forward(x))(x)
+    with pytest.raises(
+        ValueError, match=r"low must be finite real numbers in float32, got 1e\+300"
+    ):
+        jax.jit(lambda x: samplers.BoundedTanh(1e300, 2e300).forward(x))(x)
+
+
+def test_a_subclass_is_not_taken_for_the_squashing_it_extends():
+    """A subclass may change the map, so the closed forms built on the bounds do not
+    apply: its distribution falls back to distrax, as for any other bijector."""
+
+    class Doubled(samplers.Tanh):
+        def forward_and_log_det(self, x):
+            y, log_det = super().forward_and_log_det(x)
+            return 0.5 * y, log_det - jnp.log(2.0)
+
+    assert samplers.bijectors.squashing(Doubled()) is None
+    assert samplers.bijectors.squashing(samplers.Tanh()) is not None
+    dist = samplers.SquashedNormal(jnp.zeros(1), jnp.ones(1), Doubled())
+    with pytest.raises(NotImplementedError, match="variance needs an increasing squashing"):
+        dist.variance()

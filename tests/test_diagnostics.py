@@ -311,3 +311,13 @@ def test_kl_refuses_other_distributions_and_shapes():
         ValueError, match=r"same action size .* got loc shapes \(2, 3\) and \(2, 4\)"
     ):
         kl_divergence(p, other)
+
+
+def test_kl_of_a_bounded_tanh_subclass_does_not_blame_the_bounds():
+    class Custom(samplers.BoundedTanh):
+        pass
+
+    p = samplers.squashed_normal(jnp.zeros((2, 2)), Custom(-2.0, 2.0))
+    q = samplers.squashed_normal(jnp.zeros((2, 2)), samplers.BoundedTanh(-2.0, 2.0))
+    with pytest.raises(ValueError, match=r"got Custom and BoundedTanh that cannot be shown"):
+        samplers.kl_divergence(p, q)

@@ -220,6 +220,8 @@ MOMENT_CASES = [
     (-12.0, 0.3),
     (4.0, 0.05),
     (30.0, 5.0),
+    (20.0, 1.0),
+    (-18.0, 0.8),
     (0.0, 1e-4),
 ]
 
@@ -431,6 +433,7 @@ def test_an_identity_bijector_keeps_distrax_closed_forms():
         ("stddev", ()),
         ("cdf", (jnp.zeros(1),)),
         ("log_cdf", (jnp.zeros(1),)),
+        ("survival_function", (jnp.zeros(1),)),
         ("quantile", (0.5,)),
     ],
 )
@@ -493,3 +496,12 @@ def test_log_prob_and_its_gradients_are_finite_for_any_action_in_the_closed_rang
     args = (jnp.float32(action), jnp.float32(loc), jnp.float32(scale))
     value, grads = jax.value_and_grad(log_prob, argnums=(0, 1, 2))(*args)
     assert np.isfinite(value) and all(np.isfinite(g) for g in grads)
+
+
+def test_quantile_is_nan_for_invalid_parameters_even_at_p_zero_and_one():
+    loc = jnp.array([[0.0], [jnp.nan], [0.0], [0.0]])
+    scale = jnp.array([[1.0], [1.0], [jnp.nan], [-1.0]])
+    dist = samplers.SquashedNormal(loc, scale, samplers.Tanh())
+    for p in (0.0, 0.5, 1.0):
+        quantile = np.asarray(dist.quantile(p))[:, 0]
+        assert np.isfinite(quantile[0]) and np.all(np.isnan(quantile[1:])), (p, quantile)

@@ -183,3 +183,50 @@ def test_distribution_sampler_leaves_masked_categorical_logits_alone():
     )
     assert np.all(np.isfinite(out.output["log_likelihood"]))
     assert out.output["action"][0] != 1 and out.output["action"][1] != 0
+
+
+# (mean, spread) of the bad dimension for the two-halves constructors.
+HALVES_BAD = [(jnp.inf, 1.0), (-jnp.inf, 1.0), (jnp.nan, 1.0), (0.5, jnp.inf), (0.5, jnp.nan)]
+HALVES_IDS = ["mean=+inf", "mean=-inf", "mean=nan", "spread=+inf", "spread=nan"]
+
+
+def _halves(constructor, bijector, mean_value, spread_value):
+    mean = jnp.linspace(-1.0, 1.0, 4 * A).reshape(4, A)
+    spread = jnp.full((4, A), 0.7)
+    clean = constructor(mean, spread, bijector)
+    bad = constructor(
+        mean.at[ROW, DIM].set(mean_value), spread.at[ROW, DIM].set(spread_value), bijector
+    )
+    return clean, bad
+
+
+@pytest.mark.parametrize(
+    "constructor",
+    [samplers.squashed_normal_from_std, samplers.squashed_normal_from_log_std],
+    ids=["from_std", "from_log_std"],
+)
+@pytest.mark.parametrize("bijector", BIJECTORS.values(), ids=BIJECTORS.keys())
+@pytest.mark.parametrize("mean_value, spread_value", HALVES_BAD, ids=HALVES_IDS)
+def test_the_two_halves_constructors_follow_the_nan_policy(
+    constructor, bijector, mean_value, spread_value
+):
+    clean, bad = _halves(constructor, bijector, mean_value, spread_value)
+    key = jax.random.key(0)
+    for method in ("deterministic_action", "median", "mode"):
+        _assert_nan_in_row_only(
+            getattr(bad, method)(), getattr(clean, method)(), action_shaped=True
+        )
+    _assert_nan_in_row_only(bad.sample(seed=key), clean.sample(seed=key), action_shaped=True)
+    action = clean.sample(seed=key)
+    _assert_nan_in_row_only(bad.log_prob(action), clean.log_prob(action), action_shaped=False)
+
+
+def test_a_negative_std_and_an_infinite_log_std_are_nan_too():
+    mean = jnp.zeros((1, 2))
+    from_std = samplers.squashed_normal_from_std(mean, jnp.array([[-1.0, 1.0]]))
+    from_log_std = samplers.squashed_normal_from_log_std(
+        mean, jnp.array([[-jnp.inf, 0.0]]), log_std_min=-20.0
+    )
+    for dist in (from_std, from_log_std):
+        action = dist.sample(seed=jax.random.key(0))
+        assert np.isnan(action[0, 0]) and np.isfinite(action[0, 1])
