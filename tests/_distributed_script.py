@@ -125,7 +125,8 @@ def main():
     parser.add_argument("--port", type=int)
     parser.add_argument("--timeout", type=int, default=60)
     args = parser.parse_args()
-    # CPU collectives between processes go through gloo.
+    # CPU collectives between processes go through gloo (jax 0.10's default; explicit
+    # for versions whose default differs).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if args.num_processes > 1:
         jax.distributed.initialize(
