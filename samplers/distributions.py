@@ -517,9 +517,7 @@ def squashed_normal(
             f"mean_and_std must have a last axis of even length 2 * action_dim "
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
-    if jnp.finfo(mean_and_std.dtype).bits < 32:
-        # float16 and bfloat16 lose the tails of log-densities: compute in float32.
-        mean_and_std = mean_and_std.astype(jnp.float32)
+    mean_and_std = mean_and_std.astype(_computing_dtype(mean_and_std.dtype))
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
     # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
     mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
@@ -674,11 +672,13 @@ def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
             f"and {spread.shape}; broadcast them yourself (e.g. a state-independent {name} "
             f"with jnp.broadcast_to({name}, mean.shape))."
         )
-    dtype = jnp.result_type(mean, spread)
-    if jnp.finfo(dtype).bits < 32:
-        # float16 and bfloat16 lose the tails of log-densities: compute in float32.
-        dtype = jnp.float32
+    dtype = _computing_dtype(jnp.result_type(mean, spread))
     return mean.astype(dtype), spread.astype(dtype)
+
+
+def _computing_dtype(dtype):
+    """float16 and bfloat16 lose the tails of log-densities: they compute in float32."""
+    return jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype
 
 
 def _check_keeps_shape(bijector: distrax.Bijector, loc) -> None:

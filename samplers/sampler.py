@@ -29,7 +29,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers.bijectors import Tanh, squashing
-from samplers.distributions import SquashedNormal, squashed_normal
+from samplers.distributions import SquashedNormal, squashed_normal, squashed_normal_from_log_std
 from samplers.types import StatefulModule, StatefulModuleOutput, Static
 
 # Each entropy estimator and its default number of samples or quadrature nodes.
@@ -549,17 +549,9 @@ class StateIndependentSampler(_SquashedNormalHead):
                 f"the input must be the mean, shape [*batch, {self.action_dim}], got "
                 f"{mean.shape}; this sampler learns its std itself."
             )
-        if jnp.finfo(mean.dtype).bits < 32:
-            mean = mean.astype(jnp.float32)  # as squashed_normal: low precision loses the tails
-        # Floored at the smallest normal float, as squashed_normal's std: below it XLA
-        # flushes the std to zero and the log-likelihood is NaN.
-        log_std = self.log_std[...].astype(mean.dtype)
-        std = jnp.maximum(jnp.exp(log_std), jnp.finfo(mean.dtype).tiny)
-        # As squashed_normal: a non-finite mean or log-std makes that dimension NaN,
-        # where f(+-inf) would be a finite action.
-        finite = jnp.isfinite(mean) & jnp.broadcast_to(jnp.isfinite(log_std), mean.shape)
-        mean = jnp.where(finite, mean, jnp.nan)
-        return SquashedNormal(mean, jnp.broadcast_to(std, mean.shape), self.bijector)
+        # The constructor's dtype rules, std floor and NaN policy, as squashed_normal's.
+        log_std = jnp.broadcast_to(self.log_std[...], mean.shape)
+        return squashed_normal_from_log_std(mean, log_std, self.bijector)
 
 
 def _check_finite(mean_and_std) -> None:
