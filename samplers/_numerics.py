@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.scipy import special
 from jaxtyping import Array, Float
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -59,3 +60,80 @@ def _tanh_log_det_and_derivative(x):
 def _tanh_log_det_jvp(primals, tangents):
     log_det, derivative = _tanh_log_det_and_derivative(primals[0])
     return log_det, derivative * tangents[0]
+
+
+@jax.custom_jvp
+def tanh(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+    """``jnp.tanh`` differentiated as ``exp(tanh_log_det(x))``.
+
+    Autodiff of ``jnp.tanh`` gives ``1 - tanh(x)**2``, exactly 0 once float32
+    ``tanh(x)`` rounds to +-1 (``|x| ~ 9``); the true slope there is small but
+    positive, and this one keeps it.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> jax.grad(tanh)(jnp.float32(10.0)), jax.grad(jnp.tanh)(jnp.float32(10.0))
+        (Array(8.2446e-09, dtype=float32), Array(0., dtype=float32))
+    """
+    return jnp.tanh(x)
+
+
+@tanh.defjvp
+def _tanh_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return jnp.tanh(x), jnp.exp(tanh_log_det(x)) * dx
+
+
+# Below z = -5, log Phi(z) = log phi(z) + log R(-z) with the Mills ratio R from its
+# continued fraction, R(x) = 1 / (x + 1 / (x + 2 / (x + 3 / ...))): 24 terms reach
+# float64 rounding for x >= 5 (against mpmath). jax.scipy.special.log_ndtr's own
+# tail series is 4e-9 nats off in float64 near z = -30, and its derivative is
+# wrong beyond z ~ -1e3 in float32.
+_TAIL = -5.0
+_MILLS_TERMS = 24
+
+
+@jax.custom_jvp
+def log_ndtr(z: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+    """``log Phi(z)``, accurate far into the left tail, with a derivative to match.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> jax.grad(log_ndtr)(jnp.float32(-1e4))  # phi(z) / Phi(z), about -z
+        Array(10000., dtype=float32)
+    """
+    return _log_ndtr_and_slope(z)[0]
+
+
+def _log_ndtr_and_slope(z):
+    z = jnp.asarray(z)
+    tail = z < _TAIL
+    x = jnp.where(tail, -z, -_TAIL)  # each branch gets an argument in its own range
+    inverse_mills = x
+    for n in range(_MILLS_TERMS, 0, -1):
+        inverse_mills = x + n / inverse_mills
+    tail_value = -0.5 * jnp.square(z) - HALF_LOG_2PI - jnp.log(inverse_mills)
+    inner = jnp.where(tail, 0.0, z)
+    inner_value = special.log_ndtr(inner)
+    inner_slope = jnp.exp(-0.5 * jnp.square(inner) - HALF_LOG_2PI - inner_value)
+    return jnp.where(tail, tail_value, inner_value), jnp.where(tail, inverse_mills, inner_slope)
+
+
+@log_ndtr.defjvp
+def _log_ndtr_jvp(primals, tangents):
+    value, slope = _log_ndtr_and_slope(primals[0])
+    return value, slope * tangents[0]
+
+
+def k3(log_ratio: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+    """``(r - 1) - log r`` for ``r = exp(log_ratio)``: the k3 estimate of ``KL(old || new)``.
+
+    ``r - 1`` as ``expm1`` keeps small ratios' digits; an infinite ratio gives ``+inf``
+    (not ``inf - inf``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> k3(jnp.array([0.0, jnp.inf]))
+        Array([ 0., inf], dtype=float32)
+    """
+    return jnp.where(log_ratio == jnp.inf, jnp.inf, jnp.expm1(log_ratio) - log_ratio)

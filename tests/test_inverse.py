@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.scipy import stats
+from scipy import special as scipy_special
+from scipy import stats as scipy_stats
 
 import samplers
 from samplers.inverse import log_prob_from_action
@@ -191,22 +193,44 @@ def test_matches_distrax_inside_the_range():
     )
 
 
+def _atom_float64(threshold_pre_image, loc, scale, upper):
+    """``log P[X >= x_r]`` (upper bound) or ``log P[X <= x_r]`` and its derivatives
+    with respect to ``loc`` and ``scale``, in float64 with SciPy."""
+    z = np.where(upper, loc - threshold_pre_image, threshold_pre_image - loc) / scale
+    log_mass = scipy_special.log_ndtr(z)
+    # d/dz log Phi(z) = phi(z) / Phi(z), the inverse Mills ratio.
+    mills = np.exp(scipy_stats.norm.logpdf(z) - log_mass)
+    d_loc = np.where(upper, 1.0, -1.0) * mills / scale
+    d_scale = -z * mills / scale
+    return log_mass, d_loc, d_scale
+
+
 @pytest.mark.parametrize("low, high", BOUNDS.values(), ids=BOUNDS.keys())
-def test_an_action_on_a_bound_is_scored_half_a_float_step_inside(low, high):
+def test_an_action_on_a_bound_is_scored_as_the_mass_that_rounds_onto_it(low, high):
     # The cell that rounds onto a bound is the coarser of tanh's step (2**-24 of the
-    # half range) and the action's own float32 step at the bound; its middle is scored.
+    # half range) and the action's own float32 step at the bound; the atom is the
+    # probability beyond the pre-image of its middle.
     low32, high32 = np.float32(low), np.float32(high)
     half_range = (np.float64(high32) - low32) / 2
     tanh_step = half_range * 2.0**-24
     low_step = max(tanh_step, np.float64(np.nextafter(low32, high32)) - low32)
     high_step = max(tanh_step, high32 - np.float64(np.nextafter(high32, low32)))
-    inside = np.array([low32 + low_step / 2, high32 - high_step / 2])
-    expected, _ = _reference_float64(inside, 0.5, 2.0, low, high)
-    dist = samplers.SquashedNormal(
-        jnp.full((2, 1), 0.5), jnp.full((2, 1), 2.0), _bijector(low, high)
-    )
-    ours = log_prob_from_action(dist, jnp.array([[low32], [high32]]))
-    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    threshold = np.array([low32 + low_step / 2, high32 - high_step / 2])
+    _, x = _reference_float64(threshold, 0.5, 2.0, low, high)
+    upper = np.array([False, True])
+    expected, d_loc, d_scale = _atom_float64(x, 0.5, 2.0, upper)
+
+    def score(loc, scale):
+        dist = samplers.SquashedNormal(loc, scale, _bijector(low, high))
+        return log_prob_from_action(dist, jnp.array([[low32], [high32]]))
+
+    loc, scale = jnp.full((2, 1), 0.5), jnp.full((2, 1), 2.0)
+    np.testing.assert_allclose(score(loc, scale), expected, rtol=1e-5)
+    grad_loc, grad_scale = jax.grad(lambda m, s: jnp.sum(score(m, s)), argnums=(0, 1))(loc, scale)
+    # The gradient moves mass onto the bound: loc up at high, down at low.
+    np.testing.assert_allclose(grad_loc[:, 0], d_loc, rtol=1e-4)
+    np.testing.assert_allclose(grad_scale[:, 0], d_scale, rtol=1e-4)
+    assert grad_loc[0, 0] < 0 < grad_loc[1, 0]
 
 
 @pytest.mark.parametrize("low, high", [(-1.0, 1.0), (-0.1, 0.3)])
@@ -293,12 +317,13 @@ def test_actions_outside_the_range_are_nan_not_scored_on_the_bound(bijector, act
 @pytest.mark.parametrize(
     "bijector", [samplers.Sigmoid(), distrax.Sigmoid()], ids=["samplers", "distrax"]
 )
-def test_a_sigmoid_action_on_a_bound_is_scored_half_a_float_step_inside(bijector):
-    # At 0 the step is the smallest normal float (x ~ -87.3); at 1, half of 2**-24.
+def test_a_sigmoid_action_on_a_bound_is_scored_as_the_mass_that_rounds_onto_it(bijector):
+    # At 0 the cell is the smallest normal float (x ~ -87.3); at 1, half of 2**-24.
     tiny, half_step = np.float64(np.finfo(np.float32).tiny), 2.0**-25
-    inside = np.array([tiny, 1 - half_step])
-    expected, x = _sigmoid_reference_float64(inside, 0.5, 30.0)
+    threshold = np.array([tiny, 1 - half_step])
+    _, x = _sigmoid_reference_float64(threshold, 0.5, 30.0)
     assert x[0] == pytest.approx(-87.34, abs=0.01)
+    expected, _, _ = _atom_float64(x, 0.5, 30.0, np.array([False, True]))
     dist = samplers.SquashedNormal(jnp.full((2, 1), 0.5), jnp.full((2, 1), 30.0), bijector)
     action = jnp.array([[0.0], [1.0]])
     np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)

@@ -180,17 +180,20 @@ def test_brax_entropy_is_a_one_sample_estimate_that_entropy_estimate_reproduces(
     exact = _squashed_entropy_float64(ours.loc, ours.scale)
     standard_error = np.std(theirs) / np.sqrt(len(theirs))
     assert abs(np.mean(theirs) - exact) < 3 * standard_error
+    # dist.entropy() is the value Brax's estimate averages to.
+    assert float(ours.entropy()) == pytest.approx(exact, abs=1e-5)
 
 
-def test_mode_median_and_entropy_methods_are_the_mode_the_median_and_a_refusal(
+def test_mode_median_and_entropy_methods_are_the_mode_the_median_and_the_entropy(
     brax_distribution,
 ):
     brax = brax_distribution.NormalTanhDistribution(A)
     ours = samplers.normal_tanh(PARAMS)
     np.testing.assert_allclose(ours.median(), brax.mode(jnp.asarray(PARAMS)), **SAMPLE)
     np.testing.assert_array_equal(ours.mode(), samplers.mode(ours))
-    with pytest.raises(NotImplementedError, match=r"entropy_estimate.*entropy_quadrature"):
-        ours.entropy()
+    np.testing.assert_allclose(
+        ours.entropy(), _squashed_entropy_float64(ours.loc, ours.scale), rtol=1e-5, atol=1e-5
+    )
 
 
 # distrax ----------------------------------------------------------------------------
@@ -343,6 +346,15 @@ def test_tfp_scores_its_own_saturated_sample_only_through_its_cache():
     np.testing.assert_allclose(ours.log_prob_from_pre_image(pre_image), scored, **LOG_PROB)
     assert np.all(np.isfinite(ours.log_prob(stored)))
     assert np.all(np.isfinite(samplers.log_prob_from_action(ours, stored)))
+    # samplers keeps the same cache: its own sample is scored at its pre-image,
+    # eagerly and within one jit trace, as TFP's is.
+    our_action = ours.sample(seed=KEYS[0])
+    our_pre_image = ours.distribution.sample(seed=KEYS[0])
+    _assert_saturated_somewhere(our_action)
+    expected = ours.log_prob_from_pre_image(our_pre_image)
+    np.testing.assert_array_equal(ours.log_prob(our_action), expected)
+    under_jit = jax.jit(lambda k: ours.log_prob(ours.sample(seed=k)))(KEYS[0])
+    np.testing.assert_allclose(under_jit, expected, rtol=1e-6)
 
 
 def test_tfp_tanh_of_the_base_mode_is_the_median():
