@@ -113,9 +113,12 @@ class BoundedTanh(distrax.Bijector):
     Raises:
         ValueError: the bounds are not finite (also once stored: ``1e300``
             overflows float32), subnormal (XLA flushes those to zero),
-            ``low >= high`` anywhere, the shapes differ, or they have more than
-            one dimension. Traced bounds (built inside ``jax.jit`` or
-            ``jax.vmap``) are checked for shape only.
+            ``low >= high`` anywhere, ``high - low`` or ``high + low`` overflows
+            the dtype they are stored in (``BoundedTanh(-3e38, 3e38)`` in
+            float32: the half range and the centre are computed from them), the
+            half range is below the smallest normal float, the shapes differ, or
+            they have more than one dimension. Traced bounds
+            (built inside ``jax.jit`` or ``jax.vmap``) are checked for shape only.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -156,6 +159,24 @@ class BoundedTanh(distrax.Bijector):
             if np.any(low_np >= high_np):
                 raise ValueError(
                     f"low must be < high in every dimension, got low={low_np} and high={high_np}."
+                )
+            # The map is computed from (high - low) / 2 and (high + low) / 2 in this dtype.
+            with np.errstate(over="ignore"):
+                sums = (("high - low", high_np - low_np), ("high + low", high_np + low_np))
+            for name, value in sums:
+                if not np.all(np.isfinite(value)):
+                    raise ValueError(
+                        f"{name} must be finite in {value.dtype}, got low={low} and "
+                        f"high={high}, where {name} is {value}; rescale the "
+                        f"action space (e.g. to [-1, 1]) and scale the action back outside "
+                        f"the policy."
+                    )
+            tiny = np.finfo(low_np.dtype).tiny
+            if np.any((high_np - low_np) / 2 < tiny):
+                raise ValueError(
+                    f"(high - low) / 2 must be at least {tiny:.3g} in {low_np.dtype} (XLA "
+                    f"flushes smaller floats to zero), got low={low} and high={high}; rescale "
+                    f"the action space and scale the action back outside the policy."
                 )
         self.low = _as_bound(low)
         self.high = _as_bound(high)

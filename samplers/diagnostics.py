@@ -6,14 +6,13 @@ show how far an update moved the policy; :func:`kl_divergence` is the closed for
 for two policies that share a squashing.
 """
 
-from typing import cast
-
 import distrax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
-from samplers.bijectors import BoundedTanh, bijector_name, same_map, squashing
+from samplers._numerics import k3
+from samplers.bijectors import bijector_name, squashing
 from samplers.distributions import SquashedNormal
 
 
@@ -127,7 +126,8 @@ def ppo_log_ratio_stats(
     estimate ``KL(old || new)`` (Schulman, "Approximating KL divergence", 2020):
 
     - ``approx_kl``: ``mean((r - 1) - log r)`` (k3), unbiased and never negative;
-      ``r - 1`` is computed as ``expm1`` so that small ratios keep their digits.
+      ``r - 1`` is computed as ``expm1`` so that small ratios keep their digits, and
+      an infinite ratio makes it ``+inf``.
     - ``approx_kl_k1``: ``mean(-log r)`` (k1), unbiased but noisy and often
       negative on a minibatch.
     - ``clip_fraction``: the fraction outside PPO's clip range,
@@ -142,7 +142,9 @@ def ppo_log_ratio_stats(
         clip_epsilon: PPO's clip range, ``> 0``.
 
     Returns:
-        A dict of scalars with the keys above.
+        A dict of scalars with the keys above. Each is NaN where either input
+        holds a NaN, ``clip_fraction`` included: a NaN ratio is neither inside
+        the clip range nor outside it.
 
     Raises:
         TypeError: an input is not floating or ``clip_epsilon`` is not a number.
@@ -166,28 +168,22 @@ def ppo_log_ratio_stats(
     log_ratio = log_prob - old_log_prob
     ratio_minus_one = jnp.expm1(log_ratio)
     deviation = jnp.abs(ratio_minus_one)
+    # A NaN ratio is neither clipped nor not (NaN > eps is False): its fraction is NaN.
+    clipped = jnp.where(jnp.isnan(deviation), jnp.nan, deviation > clip_epsilon)
     return {
-        "approx_kl": jnp.mean(ratio_minus_one - log_ratio),
+        "approx_kl": jnp.mean(k3(log_ratio)),
         "approx_kl_k1": jnp.mean(-log_ratio),
-        "clip_fraction": jnp.mean(deviation > clip_epsilon, dtype=log_ratio.dtype),
+        "clip_fraction": jnp.mean(clipped, dtype=log_ratio.dtype),
         "ratio_deviation_mean": jnp.mean(deviation),
         "ratio_deviation_max": jnp.max(deviation),
     }
 
 
 def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"]:
-    """``KL(p || q)`` of two squashed Normals that share their bijector, exactly.
+    """``KL(p || q)`` of two squashed Normals that share their bijector: ``p.kl_divergence(q)``.
 
-    A KL divergence does not change when both distributions are pushed through the
-    same bijection, so it is the KL of the base diagonal Normals, summed over the
-    action axis: ``sum(log(s_q / s_p) + (s_p**2 + (m_p - m_q)**2) / (2 s_q**2) - 1/2)``,
-    with ``s_p**2 / s_q**2 - 1 - 2 log(s_p / s_q)`` computed as ``expm1(2 t) - 2 t``
-    (``t = log(s_p / s_q)``) so that close stds keep their digits. Unlike
-    ``distrax``'s check, which compares traced programs and does not see the values
-    of bounds, bijectors are compared by type and parameters
-    (:func:`samplers.bijectors.same_map`). Bounds traced inside ``jax.jit`` or
-    ``jax.vmap`` have no values when the check runs: they are compared when the
-    program runs, and where they differ the KL is NaN.
+    The exact KL registered for :class:`SquashedNormal` (see
+    :meth:`SquashedNormal.kl_divergence`), with a type check of both arguments.
 
     Args:
         p: A :class:`SquashedNormal`.
@@ -213,48 +209,4 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     for name, dist in (("p", p), ("q", q)):
         if not isinstance(dist, SquashedNormal):
             raise TypeError(f"{name} must be a samplers.SquashedNormal, got {type(dist).__name__}.")
-    same = _same_bijector(_elementwise(p), _elementwise(q))
-    try:
-        shape = jnp.broadcast_shapes(p.loc.shape, q.loc.shape)
-    except ValueError:
-        shape = None
-    if shape is None or p.loc.shape[-1] != q.loc.shape[-1]:
-        raise ValueError(
-            f"p and q must have the same action size and broadcastable batch shapes, got "
-            f"loc shapes {p.loc.shape} and {q.loc.shape}."
-        )
-    loc_p, scale_p, loc_q, scale_q = (
-        jnp.broadcast_to(a, shape) for a in (p.loc, p.scale, q.loc, q.scale)
-    )
-    log_ratio = jnp.log(scale_p) - jnp.log(scale_q)
-    per_dimension = 0.5 * (
-        jnp.expm1(2.0 * log_ratio) - 2.0 * log_ratio + jnp.square((loc_p - loc_q) / scale_q)
-    )
-    if same is not True:
-        # Bounds traced inside jax.jit or jax.vmap are compared when the program runs.
-        same = jnp.all(same)
-        per_dimension = jnp.where(same, per_dimension, jnp.nan)
-    return jnp.sum(per_dimension, axis=-1)
-
-
-def _elementwise(dist: SquashedNormal) -> distrax.Bijector:
-    """The elementwise bijector inside ``dist``'s ``distrax.Block``."""
-    return cast(distrax.Block, dist.bijector).bijector
-
-
-def _same_bijector(f: distrax.Bijector, g: distrax.Bijector) -> bool | Array:
-    """``same_map(f, g)``, raising where it is False at trace time."""
-    same = same_map(f, g)
-    if same is not False:
-        return same
-    if type(f) is BoundedTanh and type(g) is BoundedTanh:
-        raise ValueError(
-            f"p and q must share their bijector, got BoundedTanh(low={f.low}, "
-            f"high={f.high}) and BoundedTanh(low={g.low}, high={g.high}); with different "
-            f"bounds the supports differ and the KL is not that of the base Normals."
-        )
-    raise ValueError(
-        f"p and q must share their bijector, got {bijector_name(f)} and "
-        f"{bijector_name(g)} that cannot be shown to be the same map; build both "
-        f"with the same bijector instance."
-    )
+    return p.kl_divergence(q)

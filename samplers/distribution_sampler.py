@@ -34,6 +34,11 @@ class DistributionSampler(ActionSampler):
     Numerical caveat: the stored action is scored as it is. A float32 Beta sample
     can round to exactly 0 or 1, where ``log_prob`` is infinite; for squashed
     Normals store the pre-image instead (:class:`samplers.SquashedNormalSampler`).
+    A stored action of another kind than the samples (``dist.dtype``) is refused,
+    as distrax would score it as some other action: a float action for a
+    distribution of integers (a Categorical gives a stored ``1.7`` the
+    log-likelihood 0), and an integer action, or one with fewer bits (bfloat16,
+    float16), for a distribution of floats.
 
     NaN or infinite parameters reach ``make_distribution`` as they are, and what
     they give is that distribution's: a distrax Normal's sample and
@@ -127,6 +132,9 @@ class DistributionSampler(ActionSampler):
         Raises:
             ValueError: the stored action's shape is not the distribution's
                 ``batch_shape + event_shape``.
+            TypeError: the distribution samples integers and the stored action's
+                dtype is not an integer dtype, or it samples floats and the
+                stored action is not floating or has fewer bits than the samples.
         """
         dist = self.distribution(params)
         # The entropy key goes unused: the stream advances as the squashed samplers'.
@@ -135,6 +143,7 @@ class DistributionSampler(ActionSampler):
             action = dist.mode() if self.deterministic else self._sample(params, sample_key)
         else:
             action = jnp.asarray(rollout_extras)
+            _check_stored_dtype(action, dist.dtype)
             expected = dist.batch_shape + dist.event_shape
             if action.shape != expected:
                 raise ValueError(
@@ -158,3 +167,27 @@ class DistributionSampler(ActionSampler):
         draw = jax.vmap(lambda p, k: self.distribution(p).sample(seed=k))
         samples = draw(flat, key.reshape(-1))
         return samples.reshape(*batch_shape, *samples.shape[1:])
+
+
+def _check_stored_dtype(action: Array, dtype) -> None:
+    """Refuses a stored action that ``log_prob`` would take for another action."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        if jnp.issubdtype(action.dtype, jnp.integer) or action.dtype == dtype:
+            return
+        raise TypeError(
+            f"rollout_extras must have an integer dtype, as this distribution samples "
+            f"{dtype} actions, got {action.dtype}: distrax scores a non-integer action "
+            f"such as 1.7 silently (a Categorical as log-likelihood 0); store the sampled "
+            f"actions, or cast with .astype(jnp.{dtype})."
+        )
+    if jnp.issubdtype(action.dtype, jnp.floating) and (
+        jnp.finfo(action.dtype).bits >= jnp.finfo(dtype).bits
+    ):
+        return
+    raise TypeError(
+        f"rollout_extras must have a floating dtype of at least {jnp.finfo(dtype).bits} "
+        f"bits, as this distribution samples {dtype} actions, got {action.dtype}: an "
+        f"integer or rounded action is not the sampled one, so its log-likelihood and the "
+        f"PPO ratio change; store the actions as the rollout call emitted them, or cast "
+        f"with .astype(jnp.{dtype})."
+    )

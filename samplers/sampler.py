@@ -28,12 +28,16 @@ from jax.experimental import checkify
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
+from samplers._numerics import k3
 from samplers.bijectors import Tanh, squashing
 from samplers.distributions import SquashedNormal, squashed_normal, squashed_normal_from_log_std
 from samplers.types import StatefulModule, StatefulModuleOutput, Static
 
 # Each entropy estimator and its default number of samples or quadrature nodes.
-_ENTROPY_POINTS = {"sample": 1, "quadrature": 8, "base": 1}
+# Each entropy choice and its default number of samples or nodes; the closed forms
+# take none.
+_ENTROPY_POINTS = {"sample": 1, "quadrature": 8, "exact": 1, "base": 1}
+_CLOSED_FORMS = ("exact", "base")
 
 
 class ActionSampler(StatefulModule, abc.ABC):
@@ -134,9 +138,9 @@ class _SquashedNormalHead(ActionSampler):
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         if entropy not in _ENTROPY_POINTS:
             raise ValueError(f"entropy must be one of {sorted(_ENTROPY_POINTS)}, got {entropy!r}.")
-        if entropy == "base" and entropy_points is not None:
+        if entropy in _CLOSED_FORMS and entropy_points is not None:
             raise ValueError(
-                f"entropy='base' is the Normal's closed-form entropy and takes no "
+                f"entropy={entropy!r} is a closed form and takes no "
                 f"entropy_points, got {entropy_points!r}; drop it, or use entropy='sample' "
                 f"or 'quadrature'."
             )
@@ -180,22 +184,30 @@ class _SquashedNormalHead(ActionSampler):
         Raises:
             ValueError: the replayed pre-image's shape is not the action shape,
                 or the per-environment keys do not match the batch shape.
-            TypeError: the replayed pre-image is not floating, or ``state`` is
-                not a key array when ``per_env_streams`` is set.
+            TypeError: the replayed pre-image (or, with ``log_ratio_metrics``,
+                the stored log-likelihood) is not floating or has fewer bits than
+                the dtype the distribution computes in (float32, or float64 for
+                float64 parameters under ``jax_enable_x64``): a pre-image stored
+                in bfloat16 or float16 is no longer the sampled one, and its
+                replay would not reproduce the log-likelihood. Also when
+                ``state`` is not a key array and ``per_env_streams`` is set.
         """
         if self.checked:
             _check_finite(mean_and_std)
         dist = self.distribution(mean_and_std)
         next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape)
         old_log_likelihood = None
-        if rollout_extras is None and not self.deterministic and sample_key is not None:
-            pre_image = dist.sample_pre_image(seed=sample_key)
+        if rollout_extras is None:
+            if self.deterministic or sample_key is None:
+                pre_image = dist.loc
+            else:
+                pre_image = dist.sample_pre_image(seed=sample_key)
             if not self.reparameterized:
                 pre_image = jax.lax.stop_gradient(pre_image)
-        elif rollout_extras is None:
-            pre_image = jax.lax.stop_gradient(dist.loc)
         else:
-            pre_image, old_log_likelihood = self._unpack(rollout_extras, dist.loc.shape)
+            pre_image, old_log_likelihood = self._unpack(
+                rollout_extras, dist.loc.shape, dist.loc.dtype
+            )
             pre_image = jax.lax.stop_gradient(pre_image)
         action, log_likelihood = dist.forward_and_log_prob(pre_image)
         entropy = self._entropy(dist, entropy_key)
@@ -228,10 +240,10 @@ class _SquashedNormalHead(ActionSampler):
         if old_log_likelihood is not None:
             log_ratio = log_likelihood - old_log_likelihood
             metrics["log_ratio"] = log_ratio
-            metrics["approx_kl"] = jnp.expm1(log_ratio) - log_ratio
+            metrics["approx_kl"] = k3(log_ratio)
         return metrics
 
-    def _unpack(self, rollout_extras, action_shape):
+    def _unpack(self, rollout_extras, action_shape, dtype):
         """The stored pre-image, and the rollout's log-likelihood if it was stored."""
         if not self.log_ratio_metrics:
             if isinstance(rollout_extras, dict):
@@ -240,7 +252,7 @@ class _SquashedNormalHead(ActionSampler):
                     f"sampler replays the stored pre-image array alone; pass "
                     f"log_ratio_metrics=True to the sampler that emitted it."
                 )
-            return _replayed(rollout_extras, action_shape), None
+            return _replayed(rollout_extras, action_shape, dtype), None
         if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
             "pre_image",
             "log_likelihood",
@@ -252,18 +264,21 @@ class _SquashedNormalHead(ActionSampler):
             )
         old = rollout_extras["log_likelihood"]
         old = _checks.float_array("rollout_extras['log_likelihood']", old)
+        _check_precision("rollout_extras['log_likelihood']", old, dtype)
         if old.shape != action_shape[:-1]:
             raise ValueError(
                 f"rollout_extras['log_likelihood'] must have the batch shape "
                 f"{action_shape[:-1]}, got {old.shape}."
             )
-        return _replayed(rollout_extras["pre_image"], action_shape), old
+        return _replayed(rollout_extras["pre_image"], action_shape, dtype), old
 
     def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
         if self.entropy == "sample":
             return dist.entropy_estimate(seed=key, num_samples=self.entropy_points)
         if self.entropy == "quadrature":
             return dist.entropy_quadrature(self.entropy_points)
+        if self.entropy == "exact":
+            return dist.entropy()
         return jnp.asarray(dist.distribution.entropy())
 
 
@@ -302,11 +317,14 @@ class SquashedNormalSampler(_SquashedNormalHead):
             ``entropy_points`` reparameterised samples (default 1, the specified
             one-sample estimate); unbiased. ``"quadrature"``: Gauss-Hermite with
             ``entropy_points`` nodes (default 8); deterministic and zero-variance,
-            but biased low for wide stds (for tanh at 8 nodes: under 3e-3 nats up
-            to std 1.3, -0.2 nats at std 4). ``"base"``: the Normal's entropy
-            alone, ignoring the squashing; biased upwards for tanh. Every choice
-            draws the same key, so the stream does not depend on it.
-        entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+            but biased low for wide stds (for tanh at 8 nodes: under 4e-3 nats up
+            to std 1.3, up to 0.21 nats at std 4). ``"exact"``: ``dist.entropy()``, the
+            exact entropy (tanh, ``BoundedTanh`` and sigmoid), deterministic and
+            differentiable. ``"base"``: the Normal's entropy alone, ignoring the
+            squashing; biased upwards for tanh. Every choice draws the same key,
+            so the stream does not depend on it.
+        entropy_points: Samples or nodes for ``"sample"`` and ``"quadrature"``;
+            ``None`` for the default.
         checked: If True, each call checks that ``mean_and_std`` is finite with
             ``jax.experimental.checkify`` and reports the first offending batch
             index. Run the step under ``checkify.checkify`` (eager calls raise at
@@ -324,18 +342,27 @@ class SquashedNormalSampler(_SquashedNormalHead):
             "log_likelihood"}`` as ``rollout_extras`` (instead of the pre-image
             alone) and a replay of it adds ``log_ratio`` and ``approx_kl`` to
             ``metrics``.
-        reparameterized: If True, a fresh sample keeps the pathwise gradient: the
-            action and its log-likelihood are differentiable functions of
-            ``mean`` and ``std`` through ``x = mean + std * eps`` (the noise ``eps``
-            is a constant). This is what an SAC- or TD3-style actor loss such as
-            ``alpha * log_likelihood - Q(s, action)`` needs. If False (the
-            default, as specified for PPO-style replay), the fresh sample is a
-            constant and gradients reach ``mean`` and ``std`` only through the
-            log-density of that fixed action. Replay and ``eval()`` do not
-            depend on it: a replayed pre-image and the deterministic action
-            ``f(mean)`` are scored as given. In both modes ``rollout_extras`` is
-            the pre-image, without gradient: what a PPO loss replays, and what an
-            off-policy buffer may keep beside the action.
+        reparameterized: If True, the action keeps its pathwise gradient: a
+            fresh sample and its log-likelihood are differentiable functions of
+            ``mean`` and ``std`` through ``x = mean + std * eps`` (the noise
+            ``eps`` is a constant), and after ``eval()`` the deterministic action
+            ``f(mean)`` and its log-likelihood keep their gradient through
+            ``x = mean`` (the pathwise gradient at ``eps = 0``), with
+            ``d f(mean) / d mean = f'(mean)``. This is what an
+            SAC-style actor loss ``alpha * log_likelihood - Q(s, action)`` and a
+            TD3-style one, ``-Q(s, f(mean))`` on the ``eval()`` head, need. For
+            the tanh and sigmoid families ``f'(x)`` is ``exp`` of the
+            log-determinant, so where float32 ``f(x)`` rounds to a bound the
+            gradient is still ``f'(x) * dQ/da`` (``f'(10) ~ 8e-9`` for tanh),
+            not 0. If False (the default, as specified for PPO-style replay),
+            the fresh sample and the deterministic action ``f(mean)`` are
+            constants: gradients reach ``mean`` and ``std`` only through the
+            log-density of that fixed action, and ``-Q(s, f(mean))`` has no
+            gradient at all. The values do not depend on the flag, and a
+            replayed pre-image is scored as given in both modes. In both modes
+            ``rollout_extras`` is the pre-image, without gradient: what a PPO
+            loss replays, and what an off-policy buffer may keep beside the
+            action.
         rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``, not both.
         rng_collection: The name of the stream keys are drawn from; an
             ``nnx.Rngs`` without it falls back to its ``default`` stream.
@@ -404,16 +431,18 @@ class NormalTanhSampler(SquashedNormalSampler):
         entropy_weight: Weight of the entropy bonus, finite (required).
         min_std: Floor added to the softplus, ``>= 0``.
         std_scale: Factor applied to the std, ``> 0``.
-        entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
+        entropy: ``"sample"``, ``"quadrature"``, ``"exact"`` or ``"base"``; see
             :class:`SquashedNormalSampler`.
-        entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+        entropy_points: Samples or nodes for ``"sample"`` and ``"quadrature"``;
+            ``None`` for the default.
         checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
         per_env_streams: One random stream per environment in the carry state;
             see :class:`SquashedNormalSampler`.
         log_ratio_metrics: Store the rollout's log-likelihood and report PPO
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
-        reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
-            and TD3-style actor losses); see :class:`SquashedNormalSampler`.
+        reparameterized: Keep the pathwise gradient of a fresh sample and of the
+            deterministic action ``f(mean)`` (SAC- and TD3-style actor losses);
+            see :class:`SquashedNormalSampler`.
         rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
         rng_collection: The stream keys are drawn from, falling back to
             ``default``; see :class:`ActionSampler`.
@@ -479,16 +508,18 @@ class StateIndependentSampler(_SquashedNormalHead):
         entropy_weight: Weight of the entropy bonus, finite (required).
         bijector: Elementwise squashing (default ``samplers.Tanh()``).
         initial_std: The std before training, ``> 0``.
-        entropy: ``"sample"``, ``"quadrature"`` or ``"base"``; see
+        entropy: ``"sample"``, ``"quadrature"``, ``"exact"`` or ``"base"``; see
             :class:`SquashedNormalSampler`.
-        entropy_points: Samples or nodes for ``entropy``; ``None`` for its default.
+        entropy_points: Samples or nodes for ``"sample"`` and ``"quadrature"``;
+            ``None`` for the default.
         checked: Check inputs for NaN and inf; see :class:`SquashedNormalSampler`.
         per_env_streams: One random stream per environment in the carry state;
             see :class:`SquashedNormalSampler`.
         log_ratio_metrics: Store the rollout's log-likelihood and report PPO
             log-ratio metrics in replay; see :class:`SquashedNormalSampler`.
-        reparameterized: Keep the pathwise gradient of a fresh sample (SAC-
-            and TD3-style actor losses); see :class:`SquashedNormalSampler`.
+        reparameterized: Keep the pathwise gradient of a fresh sample and of the
+            deterministic action ``f(mean)`` (SAC- and TD3-style actor losses);
+            see :class:`SquashedNormalSampler`.
         rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
         rng_collection: The stream keys are drawn from, falling back to
             ``default``; see :class:`ActionSampler`.
@@ -586,11 +617,14 @@ def _split_env_keys(keys, batch_shape: tuple[int, ...]):
     return tuple(split[:, i].reshape(batch_shape) for i in range(3))
 
 
-def _replayed(rollout_extras, action_shape: tuple[int, ...]) -> Float[Array, "*batch action"]:
-    """Checks a replayed pre-image against the action shape of this call."""
+def _replayed(
+    rollout_extras, action_shape: tuple[int, ...], dtype
+) -> Float[Array, "*batch action"]:
+    """Checks a replayed pre-image against the action shape and dtype of this call."""
     pre_image = _checks.float_array(
         "rollout_extras", rollout_extras, hint=" (the stored pre-tanh action)"
     )
+    _check_precision("rollout_extras", pre_image, dtype)
     if pre_image.shape != action_shape:
         raise ValueError(
             f"rollout_extras must have the action shape {action_shape} (the stored raw "
@@ -598,6 +632,17 @@ def _replayed(rollout_extras, action_shape: tuple[int, ...]) -> Float[Array, "*b
             f"the rollout call returned for these inputs."
         )
     return pre_image
+
+
+def _check_precision(name: str, stored: Array, dtype) -> None:
+    """Refuses a stored value rounded to fewer bits than the distribution computes in."""
+    if jnp.finfo(stored.dtype).bits < jnp.finfo(dtype).bits:
+        raise TypeError(
+            f"{name} must be stored in {dtype} (or wider), the dtype this sampler "
+            f"computes in, got {stored.dtype}: the rounded value is not the one the rollout "
+            f"emitted, so its log-likelihood and the PPO ratio change; store rollout_extras "
+            f"in {dtype}, as the rollout call emitted them."
+        )
 
 
 def functional(sampler: ActionSampler) -> tuple[Callable, dict]:

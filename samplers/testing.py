@@ -25,9 +25,16 @@ from samplers.distributions import SquashedNormal
 
 # Pre-images from the centre to deep saturation (float32 tanh is +-1 from |x| ~ 8),
 # means and stds a policy head produces.
-_PRE_IMAGES = (-20.0, -12.0, -9.0, -8.0, -5.0, -2.0, -0.5, 0.0, 0.7, 3.0, 7.0, 8.5, 10.0, 20.0)
+_PRE_IMAGES = (
+    -1e3, -50.0, -20.0, -12.0, -9.0, -8.0, -5.0, -2.0, -0.5,
+    0.0, 0.7, 3.0, 7.0, 8.5, 10.0, 20.0, 50.0, 1e3,
+)  # fmt: skip
 _MEANS = (-2.0, 0.0, 1.5)
 _STDS = (0.1, 1.0, 4.0)
+_ACTION_DIM = 3
+# Dimension d takes the grid point d * _SHIFT further on: its pre-image, mean and std
+# indices each move by 1 (2 with a carry), so neighbouring dimensions differ in all three.
+_SHIFT = len(_MEANS) * len(_STDS) + len(_STDS) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +47,10 @@ class Disagreement:
             that invert the squashing.
         max_abs_error: The largest ``|user - reference|`` over the points where the
             reference is finite (``inf`` where the user's value is not finite).
-        pre_image: The pre-tanh value of the worst point (every action dimension).
-        mean: The mean there.
-        std: The std there.
+        pre_image: The pre-tanh value of the worst point in the first action
+            dimension (the other dimensions hold other grid values).
+        mean: The mean there, in the first action dimension.
+        std: The std there, in the first action dimension.
         compared: Points where the reference is finite.
         skipped: Points where it is not (``distrax`` and TFP invert the
             saturated action and return NaN or infinity).
@@ -109,6 +117,7 @@ def cross_check(
     *,
     low: Float[ArrayLike, "*action"] | None = None,
     high: Float[ArrayLike, "*action"] | None = None,
+    action_dim: int | None = None,
     atol: float = 1e-3,
     rtol: float = 1e-5,
 ) -> CrossCheckReport:
@@ -122,12 +131,19 @@ def cross_check(
     that scores actions can be wrapped as ``lambda x, m, s: fn(y(x), m, s)``, and
     its saturated points then show up as disagreements.
 
-    The grid crosses pre-images from -20 to 20 (float32 ``tanh`` is ``+-1`` from
-    ``|x| ~ 8``) with means ``(-2, 0, 1.5)`` and stds ``(0.1, 1, 4)``, the same
-    values in every action dimension. References: ``float64``, the change of
-    variables in NumPy float64 with ``log sech(x)**2`` from ``logaddexp``;
-    ``samplers``, :meth:`SquashedNormal.log_prob_from_pre_image`; ``distrax`` and
-    ``tfp``, their ``log_prob`` of the float32 action (through the inverse).
+    The grid crosses the pre-images ``-1e3, -50, -20, -12, -9, -8, -5, -2, -0.5,
+    0, 0.7, 3, 7, 8.5, 10, 20, 50, 1e3`` (float32 ``tanh`` is ``+-1`` from
+    ``|x| ~ 8``) with means ``(-2, 0, 1.5)`` and stds ``(0.1, 1, 4)``: ``N = 162``
+    points. Every action dimension runs through all of them, each in another
+    order: between neighbouring dimensions the pre-image, the mean and the std
+    all differ, so a function that mixes dimensions or does not sum over them
+    disagrees. The inputs are float32, and the float64 reference is evaluated at
+    exactly the float32 values handed to ``log_prob_fn`` and at the float32
+    bounds, so a function exact to one float32 rounding passes at ``atol=0``,
+    ``rtol=1e-7``. References: ``float64``, the change of variables in NumPy
+    float64 with ``log sech(x)**2`` from ``logaddexp``; ``samplers``,
+    :meth:`SquashedNormal.log_prob_from_pre_image`; ``distrax`` and ``tfp``,
+    their ``log_prob`` of the float32 action (through the inverse).
 
     Args:
         log_prob_fn: The function to check, as above.
@@ -136,6 +152,8 @@ def cross_check(
             bounds: with ``[-1, 1]`` the ``log(half_range)`` term is zero and a
             missing one goes unnoticed.
         high: Upper bounds, the same shape as ``low``.
+        action_dim: ``A``, the number of action dimensions; ``None`` for the
+            length of vector bounds, or 3.
         atol: Absolute tolerance against the float64 reference.
         rtol: Relative tolerance against the float64 reference.
 
@@ -144,7 +162,9 @@ def cross_check(
 
     Raises:
         ValueError: only one of ``low`` and ``high`` is given, the bounds are
-            invalid, or ``log_prob_fn`` does not return shape ``[N]``.
+            invalid, ``action_dim`` is not their length, or ``log_prob_fn``
+            does not return shape ``[N]``.
+        TypeError: ``action_dim`` is not a positive integer.
 
     Example:
         >>> import jax.numpy as jnp, jax.scipy.stats as st
@@ -162,19 +182,33 @@ def cross_check(
         )
     atol = _checks.real_number("atol", atol, minimum=0.0)
     rtol = _checks.real_number("rtol", rtol, minimum=0.0)
-    bijector = Tanh() if low is None or high is None else BoundedTanh(low, high)
-    low_np = np.atleast_1d(np.asarray(-1.0 if low is None else low, np.float64))
-    high_np = np.atleast_1d(np.asarray(1.0 if high is None else high, np.float64))
+    if low is None or high is None:
+        bijector, low32, high32 = Tanh(), np.float32(-1.0), np.float32(1.0)
+    else:
+        BoundedTanh(low, high)  # refuses invalid bounds, naming them as given
+        low32, high32 = (np.asarray(bound, np.float32) for bound in (low, high))
+        bijector = BoundedTanh(low32, high32)
+    vector = np.ndim(low32) == 1
+    if action_dim is None:
+        action_dim = np.size(low32) if vector else _ACTION_DIM
+    action_dim = _checks.positive_int("action_dim", action_dim)
+    if vector and action_dim != np.size(low32):
+        raise ValueError(
+            f"action_dim must be the length of the bounds, {np.size(low32)}, got "
+            f"{action_dim}; drop it or pass bounds of that length."
+        )
     grid = np.array(list(itertools.product(_PRE_IMAGES, _MEANS, _STDS)))
-    shape = (len(grid), low_np.size)
-    x, mean, std = (np.broadcast_to(column[:, None], shape) for column in grid.T)
-    x32, mean32, std32 = (jnp.asarray(a, jnp.float32) for a in (x, mean, std))
+    index = (np.arange(len(grid))[:, None] + _SHIFT * np.arange(action_dim)) % len(grid)
+    x32, mean32, std32 = (jnp.asarray(grid[index, column], jnp.float32) for column in range(3))
+    # The float64 reference is evaluated at exactly the float32 values the function sees.
+    x, mean, std = (np.asarray(a, np.float64) for a in (x32, mean32, std32))
+    low_np, high_np = (np.broadcast_to(np.float64(b), (action_dim,)) for b in (low32, high32))
 
     user = np.asarray(log_prob_fn(x32, mean32, std32), np.float64)
     if user.shape != (len(grid),):
         raise ValueError(
             f"log_prob_fn must return one log-likelihood per row, shape ({len(grid)},) for "
-            f"inputs of shape {shape}, got {user.shape}; sum over the last (action) axis."
+            f"inputs of shape {x32.shape}, got {user.shape}; sum over the last (action) axis."
         )
     action = bijector.forward(x32)
     references = {
@@ -183,8 +217,9 @@ def cross_check(
         "distrax": _distrax_log_prob(mean32, std32, low_np, high_np).log_prob(action),
         "tfp": _tfp_log_prob(mean32, std32, low_np, high_np).log_prob(action),
     }
+    first = (x[:, 0], mean[:, 0], std[:, 0])
     rows = tuple(
-        _worst(name, "action" if name in ("distrax", "tfp") else "pre-image", user, ref, grid)
+        _worst(name, "action" if name in ("distrax", "tfp") else "pre-image", user, ref, first)
         for name, ref in references.items()
     )
     expected = references["float64"]
@@ -195,14 +230,15 @@ def cross_check(
     return CrossCheckReport(rows=rows, passed=passed, atol=atol, rtol=rtol)
 
 
-def _worst(name: str, scores: str, user, reference, grid) -> Disagreement:
+def _worst(name: str, scores: str, user, reference, first) -> Disagreement:
+    """The worst point; ``first`` holds the pre-images, means and stds of dimension 0."""
     reference = np.asarray(reference, np.float64)
     finite = np.isfinite(reference)
     with np.errstate(invalid="ignore"):
         error = np.where(finite, np.abs(user - reference), -1.0)
     error = np.where(finite & ~np.isfinite(user), np.inf, error)
     worst = int(np.argmax(error))
-    x, mean, std = grid[worst]
+    x, mean, std = (column[worst] for column in first)
     return Disagreement(
         reference=name,
         scores=scores,

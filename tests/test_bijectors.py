@@ -77,11 +77,48 @@ def test_scalar_bounds_apply_to_every_dimension():
         (0.0, np.nan, r"high must be finite real numbers"),
         ("a", "b", r"low must be finite real numbers"),
         (-1e300, 1e300, r"low must be finite real numbers in float32, got -1e\+300"),
+        (
+            -3e38,
+            3e38,
+            r"high - low must be finite in float32, got low=-3e\+38 and high=3e\+38, where "
+            r"high - low is inf; rescale the action space \(e.g. to \[-1, 1\]\) and scale the "
+            r"action back outside the policy",
+        ),
+        (2e38, 3e38, r"high \+ low must be finite in float32, got low=2e\+38 and high=3e\+38"),
+        (-3e38, -2e38, r"high \+ low must be finite in float32, .* high \+ low is -inf"),
+        (
+            np.array([-1.0, -3e38], np.float32),
+            np.array([1.0, 3e38], np.float32),
+            r"high - low must be finite in float32, .* where high - low is \[ 2. inf\]",
+        ),
+        (np.float16(-4e4), np.float16(4e4), r"high - low must be finite in float16"),
+        (1.2e-38, 1.5e-38, r"\(high - low\) / 2 must be at least 1.18e-38 in float32"),
     ],
 )
 def test_bad_bounds_are_refused(low, high, message):
     with pytest.raises(ValueError, match=message):
         samplers.BoundedTanh(low, high)
+
+
+@pytest.mark.parametrize(
+    "low, high", [(-1.7e38, 1.7e38), (1e38, 2.4e38), (-2.4e38, -1e38)], ids=str
+)
+def test_bounds_near_the_largest_float32_give_the_float64_map(low, high):
+    """Finite ``high - low`` and ``high + low``: the half range, the centre, the action,
+    the log-determinant and the normalised distance to a bound are those of float64."""
+    x = np.array([-50.0, -2.0, -0.3, 0.0, 0.7, 3.0, 50.0])
+    bijector = samplers.BoundedTanh(low, high)
+    y, log_det = bijector.forward_and_log_det(jnp.asarray(x, jnp.float32))
+    low64, high64 = (float(np.float32(b)) for b in (low, high))
+    half_range = (high64 - low64) / 2
+    expected_y = (high64 + low64) / 2 + half_range * np.tanh(x)
+    expected_log_det = np.log(half_range) + 2 * np.log(2) - 2 * np.logaddexp(x, -x)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_det))
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6, atol=1e-6 * half_range)
+    np.testing.assert_allclose(log_det, expected_log_det, rtol=1e-6)
+    distance = samplers.bound_distance(bijector, y[:, None], normalized=True)
+    expected_distance = np.minimum(expected_y - low64, high64 - expected_y) / half_range
+    np.testing.assert_allclose(distance, expected_distance, atol=1e-6)
 
 
 def test_traced_bounds_are_checked_for_shape_only():

@@ -92,6 +92,19 @@ def test_bound_distance_takes_a_distribution(batch_shape):
     np.testing.assert_allclose(distance, np.full(batch_shape, 0.1), atol=1e-6)
 
 
+def test_bound_distance_is_nan_for_a_batch_element_with_a_nan_action():
+    action = np.array([[0.0, 0.5, 0.1], [1.9, np.nan, 0.25], [-2.0, 0.5, 0.1]], np.float32)
+    low, high = np.asarray(LOW, np.float64), np.asarray(HIGH, np.float64)
+    for normalized in (False, True):
+        ours = bound_distance(
+            samplers.BoundedTanh(LOW, HIGH), jnp.asarray(action), normalized=normalized
+        )
+        # float64, with the NaN rule written out: a NaN dimension makes its row NaN.
+        distance = np.minimum(action - low, high - action) / ((high - low) / 2 if normalized else 1)
+        expected = np.where(np.isnan(action).any(-1), np.nan, np.nanmin(distance, -1))
+        np.testing.assert_allclose(ours, expected, atol=1e-6)  # NaN where NaN, and only there
+
+
 def test_bound_distance_refuses_unbounded_squashings_and_scalars():
     with pytest.raises(TypeError, match=r"needs a bounded squashing .* got Lambda"):
         bound_distance(distrax.Lambda(lambda x: x), jnp.zeros(2))
@@ -100,6 +113,14 @@ def test_bound_distance_refuses_unbounded_squashings_and_scalars():
 
 
 # ppo_log_ratio_stats
+
+KEYS = [
+    "approx_kl",
+    "approx_kl_k1",
+    "clip_fraction",
+    "ratio_deviation_mean",
+    "ratio_deviation_max",
+]
 
 
 def test_ppo_stats_match_hand_computed_values(maybe_jit):
@@ -155,6 +176,25 @@ def test_ppo_kl_estimates_converge_to_the_exact_kl():
     exact = float(kl_divergence(old, new)[0])
     assert float(result["approx_kl"]) == pytest.approx(exact, rel=0.03)
     assert float(result["approx_kl_k1"]) == pytest.approx(exact, rel=0.05)
+
+
+@pytest.mark.parametrize("which", ["log_prob", "old_log_prob"])
+def test_ppo_stats_are_nan_where_an_input_is_nan(which, maybe_jit):
+    """Each statistic averages over every element: one NaN log-likelihood makes it NaN,
+    ``clip_fraction`` included (``NaN > clip_epsilon`` is False, not NaN)."""
+    log_prob = np.array([-1.0, -2.0, 0.5, 3.0], np.float32)
+    old_log_prob = log_prob - np.log(np.array([1.0, 1.5, 0.5, 1.1], np.float32))
+    inputs = {"log_prob": log_prob, "old_log_prob": old_log_prob}
+    inputs[which] = inputs[which].copy()
+    inputs[which][2] = np.nan
+    stats = maybe_jit(ppo_log_ratio_stats)(*(jnp.asarray(inputs[k]) for k in inputs))
+    assert sorted(stats) == sorted(KEYS)
+    for key in KEYS:
+        assert np.isnan(stats[key]), key
+    # Without the NaN every statistic is finite: it is the NaN, not the formula.
+    finite = ppo_log_ratio_stats(jnp.asarray(log_prob), jnp.asarray(old_log_prob))
+    for key in KEYS:
+        assert np.isfinite(finite[key]), key
 
 
 def test_ppo_stats_refuse_bad_arguments():
@@ -248,10 +288,14 @@ def test_kl_broadcasts_batch_shapes():
 def test_kl_refuses_different_bijectors_where_distrax_does_not():
     p, _ = _pair((), samplers.BoundedTanh(-1.0, 1.0))
     _, q = _pair((), samplers.BoundedTanh(-5.0, 3.0))
-    # distrax compares traced programs, which do not show the bounds' values.
-    assert np.isfinite(p.kl_divergence(q))
-    with pytest.raises(ValueError, match=r"share their bijector, got BoundedTanh\(low=-1.0"):
-        kl_divergence(p, q)
+    # distrax's own Transformed KL compares traced programs, which do not show the
+    # bounds' values, and returns the base KL; the method registered for
+    # SquashedNormal and the free function refuse.
+    plain_p, plain_q = (distrax.Transformed(dist.distribution, dist.bijector) for dist in (p, q))
+    assert np.isfinite(plain_p.kl_divergence(plain_q))
+    for compute in (kl_divergence, lambda p, q: p.kl_divergence(q)):
+        with pytest.raises(ValueError, match=r"share their bijector, got BoundedTanh\(low=-1.0"):
+            compute(p, q)
     _, sigmoid = _pair((), distrax.Sigmoid())
     with pytest.raises(ValueError, match=r"got Tanh and Sigmoid"):
         kl_divergence(_pair((), samplers.Tanh())[0], sigmoid)
@@ -273,10 +317,9 @@ def test_kl_of_bounds_traced_in_jit_is_nan_where_they_differ_and_exact_where_equ
     assert np.all(np.isfinite(equal))
     other_high = HIGH.at[2].set(0.5)
     for bounds_q in ((LOW, other_high), (LOW.at[0].set(-1.0), HIGH)):
-        ours, distrax_kl = kl(LOW, HIGH, *bounds_q, mean_and_std_p, mean_and_std_q)
-        assert np.all(np.isnan(ours))
-        # distrax takes the traced bounds to be equal and returns the base KL.
-        np.testing.assert_allclose(distrax_kl, exact, rtol=1e-6)
+        ours, method = kl(LOW, HIGH, *bounds_q, mean_and_std_p, mean_and_std_q)
+        # One answer: the function and the method are the same registered KL.
+        assert np.all(np.isnan(ours)) and np.all(np.isnan(method))
 
 
 def test_kl_of_stacked_bounds_under_vmap_is_nan_only_for_members_whose_bounds_differ():
@@ -321,3 +364,9 @@ def test_kl_of_a_bounded_tanh_subclass_does_not_blame_the_bounds():
     q = samplers.squashed_normal(jnp.zeros((2, 2)), samplers.BoundedTanh(-2.0, 2.0))
     with pytest.raises(ValueError, match=r"got Custom and BoundedTanh that cannot be shown"):
         samplers.kl_divergence(p, q)
+
+
+def test_an_infinite_ratio_gives_an_infinite_kl_not_nan():
+    # (r - 1) - log r -> +inf as log r -> +inf; written naively it is inf - inf.
+    stats = ppo_log_ratio_stats(jnp.array([jnp.inf, 0.0]), jnp.zeros(2))
+    assert stats["approx_kl"] == jnp.inf and stats["clip_fraction"] == 0.5

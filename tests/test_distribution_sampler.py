@@ -1,3 +1,6 @@
+import math
+import warnings
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -105,6 +108,62 @@ def test_a_stored_action_of_the_wrong_shape_is_refused():
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
     with pytest.raises(ValueError, match=r"must have the action shape \(2,\), got \(3,\)"):
         head((), jnp.zeros((2, 3)), jnp.zeros(3, jnp.int32))
+
+
+def _call(jitted):
+    if not jitted:
+        return lambda head, *args: head((), *args)
+    return nnx.jit(lambda head, *args: head((), *args))
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_a_float_action_stored_for_a_categorical_is_refused(jitted):
+    logits = jnp.log(jnp.array([[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]))
+    # Why: 1.7 is no outcome (probability 0, log-likelihood -inf), and distrax says 0
+    # (with a deprecation warning from jax.nn.one_hot at most).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert float(distrax.Categorical(logits=logits[0]).log_prob(jnp.float32(1.7))) == 0.0
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
+    with pytest.raises(
+        TypeError,
+        match=r"rollout_extras must have an integer dtype, as this distribution samples int32 "
+        r"actions, got float32: .* cast with \.astype\(jnp\.int32\)",
+    ):
+        _call(jitted)(head, logits, jnp.array([1.7, 0.0]))
+    # Any integer dtype is an index: scored as float64 log-softmax of the stored index.
+    for dtype in (jnp.int8, jnp.int32, jnp.uint8):
+        out = _call(jitted)(head, logits, jnp.array([2, 0], dtype))
+        np.testing.assert_allclose(out.output["log_likelihood"], np.log([0.5, 0.6]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_an_integer_or_lower_precision_action_stored_for_a_beta_is_refused(dtype, jitted):
+    head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _beta)
+    params = jax.random.normal(jax.random.key(1), (4, 6))
+    action = head((), params).rollout_extras
+    assert action.dtype == jnp.float32
+    name = jnp.dtype(dtype).name
+    with pytest.raises(
+        TypeError,
+        match=rf"rollout_extras must have a floating dtype of at least 32 bits, as this "
+        rf"distribution samples float32 actions, got {name}: .* store the actions as the "
+        rf"rollout call emitted them, or cast with \.astype\(jnp\.float32\)",
+    ):
+        _call(jitted)(head, params, action.astype(dtype))
+    # As emitted, the stored action is scored as the float64 Beta density of it.
+    out = _call(jitted)(head, params, action)
+    concentrations = np.logaddexp(np.asarray(params, np.float64), 0.0) + 1.0
+    a, b = np.split(concentrations, 2, axis=-1)
+    y = np.asarray(action, np.float64)
+    log_beta = (
+        np.vectorize(math.lgamma)(a)
+        + np.vectorize(math.lgamma)(b)
+        - np.vectorize(math.lgamma)(a + b)
+    )
+    expected = np.sum((a - 1) * np.log(y) + (b - 1) * np.log1p(-y) - log_beta, -1)
+    np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(

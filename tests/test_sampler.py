@@ -258,6 +258,80 @@ def test_a_replayed_action_of_the_wrong_shape_or_dtype_is_refused(extras, error,
         _call(jitted)(head, _inputs((4,)), extras)
 
 
+def _squashed_heads(**options):
+    return {
+        "NormalTanhSampler": samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, **options),
+        "SquashedNormalSampler": samplers.SquashedNormalSampler(
+            nnx.Rngs(0), 0.01, bijector=samplers.BoundedTanh(-2.0, 2.0), **options
+        ),
+        "StateIndependentSampler": samplers.StateIndependentSampler(
+            nnx.Rngs(0), A, 0.01, **options
+        ),
+    }
+
+
+def _head_inputs(name, inputs):
+    return inputs[..., :A] if name == "StateIndependentSampler" else inputs
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted):
+    inputs = _inputs((64,))
+    rollout = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)((), inputs)
+    rounded = rollout.rollout_extras.astype(dtype)
+    # Why: the float64 log-likelihood of the rounded pre-image is not the rollout's, so
+    # the replayed PPO ratio would not be 1.
+    mean, std = reference.params_float64(inputs)
+    moved = reference.tanh_normal_log_prob_float64(np.asarray(rounded, np.float64), mean, std)
+    assert np.max(np.abs(moved - np.asarray(rollout.output["log_likelihood"]))) > 1e-2
+    message = (
+        rf"rollout_extras must be stored in float32 \(or wider\), the dtype this sampler "
+        rf"computes in, got {jnp.dtype(dtype).name}: .* store rollout_extras in float32, as "
+        rf"the rollout call emitted them"
+    )
+    for name, head in _squashed_heads().items():
+        with pytest.raises(TypeError, match=message):
+            _call(jitted)(head, _head_inputs(name, inputs), rounded)
+        # Stored as emitted, the replay reproduces the rollout.
+        out = _call(jitted)(_squashed_heads()[name], _head_inputs(name, inputs))
+        again = _call(jitted)(head, _head_inputs(name, inputs), out.rollout_extras)
+        np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
+
+
+@pytest.mark.parametrize("field", ["pre_image", "log_likelihood"])
+def test_a_lower_precision_value_stored_with_log_ratio_metrics_is_refused(field):
+    for name, head in _squashed_heads(log_ratio_metrics=True).items():
+        inputs = _head_inputs(name, _inputs((4,)))
+        extras = dict(head((), inputs).rollout_extras)
+        extras[field] = extras[field].astype(jnp.bfloat16)
+        expected = (
+            "rollout_extras" if field == "pre_image" else r"rollout_extras\['log_likelihood'\]"
+        )
+        with pytest.raises(
+            TypeError,
+            match=rf"{expected} must be stored in float32 \(or wider\).*got bfloat16",
+        ):
+            head((), inputs, extras)
+
+
+def test_under_x64_a_float32_pre_image_for_a_float64_sampler_is_refused():
+    with jax.enable_x64(True):
+        inputs = _inputs((8,)).astype(jnp.float64)
+        for name, head in _squashed_heads(log_ratio_metrics=True).items():
+            extras = head((), _head_inputs(name, inputs)).rollout_extras
+            assert extras["pre_image"].dtype == jnp.float64
+            for field in ("pre_image", "log_likelihood"):
+                rounded = {**extras, field: extras[field].astype(jnp.float32)}
+                with pytest.raises(TypeError, match=r"stored in float64 \(or wider\).*got float32"):
+                    head((), _head_inputs(name, inputs), rounded)
+            # float32 parameters compute in float32: a float32 pre-image replays.
+            inputs32 = _head_inputs(name, inputs.astype(jnp.float32))
+            stored = head((), inputs32).rollout_extras
+            assert stored["pre_image"].dtype == jnp.float32
+            head((), inputs32, stored)
+
+
 def test_odd_input_is_refused_by_the_module():
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     with pytest.raises(ValueError, match=r"last axis of even length .* got shape \(4, 5\)"):
@@ -282,7 +356,8 @@ def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
 
 
 @pytest.mark.parametrize(
-    "entropy, points", [("sample", None), ("sample", 4), ("quadrature", None), ("base", None)]
+    "entropy, points",
+    [("sample", None), ("sample", 4), ("quadrature", None), ("exact", None), ("base", None)],
 )
 def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
     head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=entropy, entropy_points=points)
@@ -314,7 +389,7 @@ def test_deterministic_estimators_do_not_depend_on_the_key():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"entropy": "exact"}, ValueError, r"entropy must be one of \['base', 'quadrature', "),
+        ({"entropy": "closed"}, ValueError, r"entropy must be one of \['base', 'exact', "),
         ({"entropy_points": 0}, ValueError, r"entropy_points must be a positive integer, got 0"),
         ({"entropy_points": 1.5}, TypeError, r"entropy_points must be a positive integer"),
     ],
@@ -608,6 +683,40 @@ def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
     np.testing.assert_allclose(stats["approx_kl"], jnp.mean(replay.metrics["approx_kl"]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_replay_metrics_are_nan_in_the_batch_element_whose_stored_value_is_nan(jitted):
+    """A NaN pre-image makes its element's action, log-likelihood and every metric NaN; a
+    NaN stored log-likelihood its log-ratio metrics; other elements are untouched."""
+    for name, head in _squashed_heads(log_ratio_metrics=True).items():
+        inputs = _head_inputs(name, _inputs((4,)))
+        extras = head((), inputs).rollout_extras
+        clean = _call(jitted)(head, inputs + 0.1, extras)
+        broken = {
+            "pre_image": extras["pre_image"].at[1, 0].set(jnp.nan),
+            "log_likelihood": extras["log_likelihood"].at[2].set(jnp.nan),
+        }
+        out = _call(jitted)(head, inputs + 0.1, broken)
+        nan_in = {
+            "log_ratio": [1, 2],
+            "approx_kl": [1, 2],
+            "saturation": [1],
+            "bound_distance": [1],
+        }
+        for metric, rows in nan_in.items():
+            values = np.asarray(out.metrics[metric])
+            for row in range(4):
+                if row in rows:
+                    assert np.isnan(values[row]), (name, metric, row)
+                else:
+                    assert values[row] == clean.metrics[metric][row], (name, metric, row)
+        # The float64 oracle on the clean rows: log-ratio from the stored values.
+        assert np.isnan(out.output["log_likelihood"][1])
+        log_ratio = np.asarray(out.output["log_likelihood"], np.float64) - np.asarray(
+            broken["log_likelihood"], np.float64
+        )
+        np.testing.assert_allclose(out.metrics["log_ratio"], log_ratio, rtol=1e-6, atol=1e-6)
+
+
 def test_log_ratio_metrics_refuse_the_other_kind_of_rollout_extras():
     plain = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     with_ratio = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS, log_ratio_metrics=True)
@@ -739,10 +848,31 @@ def test_state_independent_sampler_has_no_std_options_it_would_ignore():
         samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, min_std=0.1)
 
 
-def test_base_entropy_refuses_entropy_points_it_would_ignore():
+@pytest.mark.parametrize("entropy", ["exact", "base"])
+def test_closed_form_entropies_refuse_entropy_points_they_would_ignore(entropy):
     with pytest.raises(
         ValueError,
-        match=r"entropy='base' is the Normal's closed-form entropy and "
-        r"takes no entropy_points, got 4",
+        match=rf"entropy='{entropy}' is a closed form and takes no entropy_points, got 4",
     ):
-        samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="base", entropy_points=4)
+        samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy=entropy, entropy_points=4)
+
+
+@pytest.mark.parametrize(
+    "bijector", [samplers.Tanh(), samplers.BoundedTanh(-2.0, 2.0), samplers.Sigmoid()]
+)
+def test_exact_entropy_cost_is_the_distributions_entropy_and_trains_it(bijector):
+    head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.1, bijector=bijector, entropy="exact")
+    mean_and_std = _inputs((6,))
+    out = head((), mean_and_std)
+    expected = samplers.squashed_normal(mean_and_std, bijector).entropy()
+    np.testing.assert_array_equal(out.regularization_loss, -0.1 * expected)
+
+    def cost(head, mean_and_std):
+        return jnp.sum(head((), mean_and_std).regularization_loss)
+
+    def distribution_cost(mean_and_std):
+        return -0.1 * jnp.sum(samplers.squashed_normal(mean_and_std, bijector).entropy())
+
+    np.testing.assert_array_equal(
+        nnx.grad(cost, argnums=1)(head, mean_and_std), jax.grad(distribution_cost)(mean_and_std)
+    )

@@ -113,6 +113,29 @@ def test_actor_loss_gradient_is_the_pathwise_gradient(where, jitted):
     )
 
 
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_a_saturated_fresh_sample_keeps_its_small_action_gradient(jitted):
+    """Where float32 tanh(x) is exactly +-1, d tanh(x) / dx = 1 / cosh(x)**2 (~1e-8),
+    not 0: the critic term's gradient is the float64 chain rule to 1e-5 relative."""
+    mean_and_std = np.concatenate([SATURATED, np.full((2, A), -3.0)], -1).astype(np.float32)
+    eps = _noise(0, (2, A))
+    mean, raw_std = np.split(mean_and_std.astype(np.float64), 2, -1)
+    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    x = mean + std * eps
+    assert np.all(np.abs(jnp.tanh(jnp.asarray(x, jnp.float32))) == 1.0)  # the backend's tanh
+
+    def critic_loss(head, mean_and_std):
+        return -jnp.sum(_critic(head((), mean_and_std).output["action"]))
+
+    grad = nnx.grad(critic_loss, argnums=1)
+    if jitted:
+        grad = nnx.jit(grad)
+    ours = np.asarray(grad(_head(), jnp.asarray(mean_and_std)))
+    d_x = 2 * W * (np.tanh(x) - T) / np.cosh(x) ** 2
+    d_raw_std = d_x * eps * STD_SCALE / (1 + np.exp(-raw_std))
+    np.testing.assert_allclose(ours, np.concatenate([d_x, d_raw_std], -1), rtol=1e-5, atol=0)
+
+
 def test_the_log_likelihood_and_action_are_those_of_the_pathwise_sample():
     mean_and_std = jnp.array([[0.3, -0.5, 1.2, -1.0, 0.0, 0.5]])
     eps = _noise(0, (1, A))
@@ -183,7 +206,7 @@ def test_outputs_and_stream_do_not_depend_on_the_flag(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_replay_and_eval_gradients_do_not_depend_on_the_flag(kind):
+def test_replay_gradients_do_not_depend_on_the_flag(kind):
     params = _params(kind)
 
     def loss(head, params, extras):
@@ -191,14 +214,124 @@ def test_replay_and_eval_gradients_do_not_depend_on_the_flag(kind):
         return jnp.sum(out.output["log_likelihood"] - _critic(out.output["action"]))
 
     stored = _sampler(kind, False)((), params).rollout_extras
-    for extras, deterministic in ((stored, False), (None, True), (stored, True)):
+    for deterministic in (False, True):
         grads = []
         for reparameterized in (False, True):
             head = _sampler(kind, reparameterized)
             head.set_attributes(deterministic=deterministic)
-            grads.append(nnx.grad(loss, argnums=(0, 1))(head, params, extras))
+            grads.append(nnx.grad(loss, argnums=(0, 1))(head, params, stored))
         for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# TD3: the actor loss -Q(s, f(mean)) on the eval() head. Saturated means: float32
+# f(mean) is exactly on a bound (|mean| >= 9.1 for any float32 tanh; sigmoid rounds to
+# 1 from about 17, never to 0 here), and f'(mean) is below 1e-7.
+EVAL_KINDS = ["tanh", "bounded", "sigmoid"]
+CENTRE = np.array([[0.3, -0.5, 1.2], [-1.0, 0.0, 0.4]])
+SATURATED = np.array([[9.5, -10.0, 10.5], [-9.2, 9.8, -10.2]])
+SATURATED_SIGMOID = np.array([[19.0, 20.0, 21.0], [18.4, 19.6, 20.4]])
+EVAL_LOW, EVAL_HIGH = np.array([-2.0, 0.0, -1.0]), np.array([2.0, 1.0, 3.0])
+
+
+def _eval_head(kind, reparameterized):
+    if kind == "tanh":
+        head = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0, reparameterized=reparameterized)
+    else:
+        bijector = (
+            samplers.Sigmoid()
+            if kind == "sigmoid"
+            else samplers.BoundedTanh(jnp.asarray(EVAL_LOW), jnp.asarray(EVAL_HIGH))
+        )
+        head = samplers.SquashedNormalSampler(
+            nnx.Rngs(0), 0.0, bijector=bijector, reparameterized=reparameterized
+        )
+    head.eval()
+    return head
+
+
+def _td3_actor_loss(head, mean_and_std):
+    return -jnp.sum(_critic(head((), mean_and_std).output["action"]))
+
+
+def _squash_float64(kind, mean):
+    """``(f(mean), f'(mean), low, high)`` in float64, ``f'`` from ``1 / cosh**2``."""
+    if kind == "tanh":
+        return np.tanh(mean), 1 / np.cosh(mean) ** 2, -1.0, 1.0
+    if kind == "sigmoid":
+        return 1 / (1 + np.exp(-mean)), 1 / (4 * np.cosh(mean / 2) ** 2), 0.0, 1.0
+    half_range = (EVAL_HIGH - EVAL_LOW) / 2
+    action = (EVAL_HIGH + EVAL_LOW) / 2 + half_range * np.tanh(mean)
+    return action, half_range / np.cosh(mean) ** 2, EVAL_LOW, EVAL_HIGH
+
+
+def _td3_losses_float64(kind, mean):
+    """``-Q(f(mean))`` per element, so that a difference cancels the untouched ones exactly."""
+    return W * (_squash_float64(kind, mean)[0] - T) ** 2
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("where", ["centre", "saturated"])
+@pytest.mark.parametrize("kind", EVAL_KINDS)
+def test_td3_actor_loss_on_eval_has_the_chain_rule_gradient(kind, where, jitted):
+    mean = CENTRE if where == "centre" else SATURATED_SIGMOID if kind == "sigmoid" else SATURATED
+    raw_std = np.array([[-1.0, 0.0, 0.5], [0.2, -0.3, 1.0]])
+    mean_and_std = jnp.asarray(np.concatenate([mean, raw_std], -1), jnp.float32)
+    grad = nnx.grad(_td3_actor_loss, argnums=1)
+    if jitted:
+        grad = nnx.jit(grad)
+    ours = np.asarray(grad(_eval_head(kind, True), mean_and_std))
+
+    action, derivative, low, high = _squash_float64(kind, mean)
+    if where == "saturated":
+        float32_action = np.asarray(_eval_head(kind, True)((), mean_and_std).output["action"])
+        assert np.all((float32_action == low) | (float32_action == high))
+        assert np.all(derivative < 1e-7)
+    # d/dmean of -Q(f(mean)) = sum W (f(mean) - T)**2, by the chain rule.
+    chain_rule = 2 * W * (action - T) * derivative
+    np.testing.assert_allclose(ours[:, :A], chain_rule, rtol=1e-5, atol=0)
+    np.testing.assert_array_equal(ours[:, A:], 0.0)  # the action does not depend on the std
+    # Central differences; a wider step where sigmoid's f' is smaller still (~1e-9).
+    step = 1e-2 if mean is SATURATED_SIGMOID else 1e-3
+    finite_difference = np.zeros_like(mean)
+    for index in np.ndindex(mean.shape):
+        up, down = mean.copy(), mean.copy()
+        up[index] += step
+        down[index] -= step
+        difference = _td3_losses_float64(kind, up) - _td3_losses_float64(kind, down)
+        finite_difference[index] = np.sum(difference) / (2 * step)
+    np.testing.assert_allclose(ours[:, :A], finite_difference, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("where", ["centre", "saturated"])
+def test_eval_log_likelihood_has_the_pathwise_gradient_at_zero_noise(where):
+    """At ``x = mean``: ``log N(x; mean, std) - log sech(x)**2`` has the gradient
+    ``2 tanh(mean)`` w.r.t. the mean and ``-1 / std`` w.r.t. the std; the default head,
+    whose ``x`` is a constant, only the latter."""
+    mean = CENTRE if where == "centre" else SATURATED
+    raw_std = np.array([[-1.0, 0.0, 0.5], [0.2, -0.3, 1.0]])
+    mean_and_std = jnp.asarray(np.concatenate([mean, raw_std], -1), jnp.float32)
+
+    def total_log_likelihood(head, mean_and_std):
+        return jnp.sum(head((), mean_and_std).output["log_likelihood"])
+
+    std = np.logaddexp(raw_std, 0.0) + 1e-3
+    d_raw_std = -1 / std / (1 + np.exp(-raw_std))
+    for reparameterized, d_mean in ((True, 2 * np.tanh(mean)), (False, np.zeros_like(mean))):
+        head = _eval_head("tanh", reparameterized)
+        ours = nnx.grad(total_log_likelihood, argnums=1)(head, mean_and_std)
+        np.testing.assert_allclose(ours, np.concatenate([d_mean, d_raw_std], -1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", EVAL_KINDS)
+def test_by_default_the_deterministic_action_has_no_gradient(kind):
+    mean_and_std = jnp.asarray(np.concatenate([CENTRE, np.zeros((2, A))], -1), jnp.float32)
+    head = _eval_head(kind, False)
+    np.testing.assert_array_equal(nnx.grad(_td3_actor_loss, argnums=1)(head, mean_and_std), 0.0)
+    # The values are those of the pathwise head, bit for bit.
+    ours, pathwise = (h((), mean_and_std) for h in (head, _eval_head(kind, True)))
+    for a, b in zip(_outputs(ours), _outputs(pathwise), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_state_independent_log_std_gets_the_pathwise_gradient():
