@@ -48,6 +48,7 @@ _ESTIMATORS = {
     "sample, 8": {"entropy": "sample", "entropy_points": 8},
     "quadrature, 8": {"entropy": "quadrature"},
     "quadrature, 32": {"entropy": "quadrature", "entropy_points": 32},
+    "exact": {"entropy": "exact"},
     "base Normal only": {"entropy": "base"},
 }
 _ROUND_SECONDS = 0.04  # per implementation per round, so a quick run takes a few minutes
