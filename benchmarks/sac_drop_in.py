@@ -21,13 +21,17 @@ environment gets the torque ``2 * a``, the scaling done outside the distribution
   ``dist.sample(seed=k)`` then ``dist.log_prob(a)``;
 - ``samplers-pre-image``: ``a, x, logp = dist.sample_with_pre_image(seed=k)``.
 
-The evaluation acts with ``2 * tanh(mean)`` for every ``--dist``. ``--gradients``
+``--initial-mean 10`` adds 10 to the actor's mean output, so that training starts
+with every ``tanh(x)`` on a bound: a log-probability whose gradient points the wrong
+way there keeps the policy saturated. The evaluation acts with ``2 * tanh(mean)``
+for every ``--dist``. ``--gradients``
 prints, instead of training, the gradient of ``mean(log pi)`` of a fresh sample
 with respect to ``mean`` and ``log_std`` under each ``--dist`` against the
 float64 pathwise value written out by hand (:func:`log_prob_gradients`).
 
 Results go to ``--out`` (default ``benchmarks/results/sac_drop_in.json``), one
-entry per ``--dist`` (and ``gradients``); a run replaces only its own entry.
+entry per ``--dist`` and initial mean (and ``gradients``); a run replaces only its
+own entry.
 """
 
 import argparse
@@ -83,6 +87,9 @@ class Config:
     # Pendulum rewards lie in [-16.3, 0]; a tenth keeps Q near the log-probs' scale.
     reward_scale: float = 0.1
     eval_episodes: int = 32
+    # Added to the actor's mean output: 10 starts every tanh(x) on a bound, where a
+    # log-probability that points the wrong way would keep it there.
+    initial_mean: float = 0.0
 
 
 def sample_and_log_prob(dist: str, mean, log_std, key):
@@ -183,6 +190,7 @@ class Actor(nn.Module):
     """An MLP from the observation to ``(mean, log_std)``, each ``[batch, action]``."""
 
     hidden: int
+    mean_offset: float = 0.0
 
     @nn.compact
     def __call__(self, obs):
@@ -191,7 +199,7 @@ class Actor(nn.Module):
         h = nn.relu(nn.Dense(self.hidden)(h))
         h = nn.relu(nn.Dense(self.hidden)(h))
         mean, log_std = jnp.split(nn.Dense(2 * ACTION_DIM)(h), 2, axis=-1)
-        return mean, log_std
+        return mean + self.mean_offset, log_std
 
 
 class TwinCritic(nn.Module):
@@ -223,7 +231,7 @@ def make_train(config: Config, dist: str):
     of its batch (these five NaN during the warm-up).
     """
     env, env_params = gymnax.make("Pendulum-v1")
-    actor, critic = Actor(config.hidden), TwinCritic(config.hidden)
+    actor, critic = Actor(config.hidden, config.initial_mean), TwinCritic(config.hidden)
     optimizer = optax.adam(config.learning_rate)
     iterations = config.total_steps // config.num_envs
     warmup = config.warmup_steps // config.num_envs
@@ -352,7 +360,7 @@ def make_train(config: Config, dist: str):
 def make_evaluate(config: Config):
     """``evaluate(actor_params, key) -> returns``: episodes acting with ``2 * tanh(mean)``."""
     env, env_params = gymnax.make("Pendulum-v1")
-    actor = Actor(config.hidden)
+    actor = Actor(config.hidden, config.initial_mean)
     n = config.eval_episodes
 
     def evaluate(actor_params, key):
@@ -448,6 +456,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=defaults.eval_episodes)
     parser.add_argument("--reward-scale", type=float, default=defaults.reward_scale)
     parser.add_argument("--target-entropy", type=float, default=defaults.target_entropy)
+    parser.add_argument(
+        "--initial-mean",
+        type=float,
+        default=defaults.initial_mean,
+        help="added to the actor's mean output (10: start saturated)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=_DEFAULT_OUT)
     parser.add_argument(
         "--gradients",
@@ -493,11 +507,14 @@ def main(argv: Sequence[str] | None = None) -> dict | list[dict]:
         eval_episodes=args.eval_episodes,
         reward_scale=args.reward_scale,
         target_entropy=args.target_entropy,
+        initial_mean=args.initial_mean,
     )
     start = time.perf_counter()
     key = jax.random.key(0)
     train = jax.jit(make_train(config, args.dist)).lower(key).compile()
-    actor_params = jax.eval_shape(Actor(config.hidden).init, key, jnp.zeros((1, 3)))
+    actor_params = jax.eval_shape(
+        Actor(config.hidden, config.initial_mean).init, key, jnp.zeros((1, 3))
+    )
     evaluate = jax.jit(make_evaluate(config)).lower(actor_params, key).compile()
     compile_s = time.perf_counter() - start
     print(
@@ -527,7 +544,10 @@ def main(argv: Sequence[str] | None = None) -> dict | list[dict]:
         "jax": jax.__version__,
         "runs": runs,
     }
-    _write(args.out, args.dist, entry)
+    name = (
+        args.dist if not config.initial_mean else f"{args.dist}, initial mean {args.initial_mean:g}"
+    )
+    _write(args.out, name, entry)
     print(f"  wrote {args.out}")
     return entry
 

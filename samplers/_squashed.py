@@ -296,11 +296,11 @@ _ENTROPY_LEGENDRE = np.polynomial.legendre.leggauss(12)
 
 
 def _legendre_rule():
-    """Nodes and weights of the panels above, as float64 NumPy arrays."""
+    """Nodes of the panels above, and their weights times ``log1p(exp(-2 t))`` (float64)."""
     unit_nodes, unit_weights = _ENTROPY_LEGENDRE
-    nodes = [(b - a) / 2 * unit_nodes + (a + b) / 2 for a, b in _ENTROPY_PANELS]
-    weights = [(b - a) / 2 * unit_weights for a, b in _ENTROPY_PANELS]
-    return np.concatenate(nodes), np.concatenate(weights)
+    nodes = np.concatenate([(b - a) / 2 * unit_nodes + (a + b) / 2 for a, b in _ENTROPY_PANELS])
+    weights = np.concatenate([(b - a) / 2 * unit_weights for a, b in _ENTROPY_PANELS])
+    return nodes, weights * np.log1p(np.exp(-2.0 * nodes))
 
 
 _ENTROPY_NODES, _ENTROPY_WEIGHTS = _legendre_rule()
@@ -321,11 +321,17 @@ def entropy(bounds: Squashing, loc, scale):
     return jnp.sum(per_dimension, axis=-1)
 
 
+# The sums below run over the nodes in Python, so that XLA fuses each into one
+# elementwise loop: a node axis, as in a tensordot, materialises an array per node
+# and made the entropy's value and gradient 4.5 times slower at B = 65536, A = 8.
+
+
 def _expected_log_sech_squared_narrow(m, s):
     nodes, weights = _ENTROPY_HERMITE
-    z = _nodes(np.sqrt(2.0) * nodes, m)
-    weights = jnp.asarray(weights / np.sqrt(np.pi), m.dtype)
-    return jnp.tensordot(weights, tanh_log_det(m[None] + s[None] * z), axes=1)
+    return sum(
+        float(w / np.sqrt(np.pi)) * tanh_log_det(m + float(np.sqrt(2.0) * z) * s)
+        for z, w in zip(nodes, weights, strict=True)
+    )
 
 
 def _expected_log_sech_squared_wide(m, s):
@@ -335,15 +341,20 @@ def _expected_log_sech_squared_wide(m, s):
         -0.5 * jnp.square(ratio)
     )
     # E log1p(exp(-2|t|)) = integral over t >= 0 of log1p(exp(-2t)) (N(t; m, s) + N(-t; m, s)).
-    t = _nodes(_ENTROPY_NODES, m)
-    weights = _nodes(_ENTROPY_WEIGHTS, m)
-    folded = jnp.exp(-0.5 * jnp.square((t - m[None]) / s[None])) + jnp.exp(
-        -0.5 * jnp.square((t + m[None]) / s[None])
+    inverse_scale = 1.0 / s
+    remainder = sum(
+        float(w)
+        * (
+            jnp.exp(-0.5 * jnp.square((float(t) - m) * inverse_scale))
+            + jnp.exp(-0.5 * jnp.square((float(t) + m) * inverse_scale))
+        )
+        for t, w in zip(_ENTROPY_NODES, _ENTROPY_WEIGHTS, strict=True)
     )
-    remainder = jnp.sum(weights * jnp.log1p(jnp.exp(-2.0 * t)) * folded, axis=0) / (
-        s * np.sqrt(2.0 * np.pi)
+    return (
+        2.0 * np.log(2.0)
+        - 2.0 * mean_magnitude
+        - 2.0 * remainder * inverse_scale / np.sqrt(2.0 * np.pi)
     )
-    return 2.0 * np.log(2.0) - 2.0 * mean_magnitude - 2.0 * remainder
 
 
 # The two kernels below save their derivatives in the forward pass. Left to autodiff,

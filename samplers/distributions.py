@@ -6,9 +6,11 @@
 ``distrax.Transformed`` with the few operations that a policy head needs and
 distrax lacks: scoring a stored pre-image, sampling the action and its pre-image
 together, the deterministic action and a reparameterised entropy estimate; and
-the ``distrax.Distribution`` methods (``log_prob`` finite on the bounds, ``mode``,
-moments, CDF) that ``distrax.Transformed`` leaves NaN or unimplemented. Functions
-of arrays and keys only; no state.
+the ``distrax.Distribution`` methods (``log_prob`` exact for its own samples and
+finite on the bounds, ``entropy``, ``mode``, moments, CDF, KL) that
+``distrax.Transformed`` leaves NaN, wrong or unimplemented. Functions of arrays and
+keys only; no state (a sample's pre-image is remembered by the array's identity, as
+TFP's bijector cache does).
 """
 
 import weakref
@@ -30,8 +32,8 @@ from samplers.bijectors import BoundedTanh, Tanh, bijector_name, same_map, squas
 tfd = tfp.distributions
 # distrax's own argument types for sample(): an integer seed or a key.
 _Int = int | np.int16 | np.int32 | np.int64
-Seed = _Int | PRNGKeyArray
-SampleShape = _Int | Sequence[_Int]
+_Seed = _Int | PRNGKeyArray
+_SampleShape = _Int | Sequence[_Int]
 
 
 class SquashedNormal(distrax.Transformed):
@@ -202,7 +204,7 @@ class SquashedNormal(distrax.Transformed):
         return value, loc, scale
 
     def sample(
-        self, *, seed: Seed, sample_shape: SampleShape = ()
+        self, *, seed: _Seed, sample_shape: _SampleShape = ()
     ) -> Float[Array, "*sample_and_batch action"]:
         """Samples actions, ``distrax.Transformed.sample``'s draws, remembering their pre-images.
 
@@ -215,7 +217,7 @@ class SquashedNormal(distrax.Transformed):
         return self._remember(self.distribution.sample(seed=seed, sample_shape=sample_shape))
 
     def sample_and_log_prob(
-        self, *, seed: Seed, sample_shape: SampleShape = ()
+        self, *, seed: _Seed, sample_shape: _SampleShape = ()
     ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
         """Samples actions and scores their pre-images, with no inverse.
 

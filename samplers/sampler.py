@@ -351,10 +351,9 @@ class SquashedNormalSampler(_SquashedNormalHead):
             ``d f(mean) / d mean = f'(mean)``. This is what an
             SAC-style actor loss ``alpha * log_likelihood - Q(s, action)`` and a
             TD3-style one, ``-Q(s, f(mean))`` on the ``eval()`` head, need. For
-            the tanh and sigmoid families ``f'(x)`` is ``exp`` of the
-            log-determinant, so where float32 ``f(x)`` rounds to a bound the
-            gradient is still ``f'(x) * dQ/da`` (``f'(10) ~ 8e-9`` for tanh),
-            not 0. If False (the default, as specified for PPO-style replay),
+            the tanh and sigmoid families, where float32 ``f(x)`` rounds to a
+            bound the gradient is still ``f'(x) * dQ/da`` (``f'(10) ~ 8e-9`` for
+            tanh), not 0. If False (the default, as specified for PPO-style replay),
             the fresh sample and the deterministic action ``f(mean)`` are
             constants: gradients reach ``mean`` and ``std`` only through the
             log-density of that fixed action, and ``-Q(s, f(mean))`` has no
