@@ -45,9 +45,9 @@ _SATURATION_SHIFT = 12.0  # added to the means: |pre-tanh| >= 10, tanh rounds to
 _ENTROPY_CASES = ((0.7, 1.3), (0.0, 4.0))
 _ESTIMATORS = {
     "sample, 1 (default)": {"entropy": "sample"},
-    "sample, 8": {"entropy": "sample", "entropy_points": 8},
+    "sample, 8": {"entropy": ("sample", 8)},
     "quadrature, 8": {"entropy": "quadrature"},
-    "quadrature, 32": {"entropy": "quadrature", "entropy_points": 32},
+    "quadrature, 32": {"entropy": ("quadrature", 32)},
     "exact": {"entropy": "exact"},
     "base Normal only": {"entropy": "base"},
 }

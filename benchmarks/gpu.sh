@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu.sh
 #
-# Makes a virtualenv, installs '.[test,bench]' and JAX's CUDA plugin (package
+# Makes a virtualenv, installs '.[test,bench,peers]' and JAX's CUDA plugin (package
 # registries are the only network it needs), records nvidia-smi and the devices,
 # times the suite on the GPU up to B = 2**20 with the memory-bandwidth floor
 # ($RESULTS/gpu.md, gpu-scaling.png, gpu.json), then runs the numerics tests on
@@ -62,7 +62,7 @@ stage() {
 install() {
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q '.[test,bench]'
+    "$VENV/bin/python" -m pip install -q '.[test,bench,peers]'
     # The plugin must match the jax that the project's requirements resolved to.
     local version
     version=$("$VENV/bin/python" -c 'import jax; print(jax.__version__)')

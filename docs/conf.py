@@ -59,5 +59,16 @@ def _signature(app, what, name, obj, options, signature, return_annotation):
     return signature, return_annotation
 
 
+def _escape_types(app, what, name, obj, options, lines):
+    """Napoleon's ``:type:`` lines, from jaxtyping annotations such as
+    ``Float[ArrayLike, "*action"]``: the star would start an emphasis."""
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(":type:"):
+            line = re.sub(r"~?\b(?:[a-z_]\w*\.)+(?=[A-Za-z_])", "", line)  # module paths
+            lines[i] = re.sub(r"(?<!\\)\*", r"\\*", _readable(line))
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _signature)
+    # After napoleon's handler, which turns the Attributes section into :type: lines.
+    app.connect("autodoc-process-docstring", _escape_types, priority=600)

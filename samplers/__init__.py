@@ -1,40 +1,45 @@
 """Policy heads from distribution objects, for reinforcement learning in JAX.
 
-The pure layer (:func:`normal_tanh`, :func:`squashed_normal`,
-:class:`SquashedNormal`, :class:`BoundedTanh`) turns network outputs into real
-``distrax`` distributions; the NNX layer (:class:`NormalTanhSampler`,
-:class:`SquashedNormalSampler`) wraps them with the RNG stream, deterministic
-mode and replay of stored pre-images. Around them: scoring actions whose
-pre-image was not kept (:func:`log_prob_from_action`), the mode, policy
-diagnostics and KL, and :func:`cross_check` for a user's own log-likelihood.
+Two layers, one direction of imports:
+
+- :mod:`samplers.distributions`, the pure layer: network outputs in, real
+  ``distrax`` objects out (:func:`normal_tanh`, :func:`squashed_normal`,
+  :class:`SquashedNormal`, the bijectors :class:`Tanh`, :class:`Sigmoid`,
+  :class:`BoundedTanh`, and diagnostics of the actions);
+- :mod:`samplers.heads`, the NNX shell: :class:`SquashedNormalSampler` (and its
+  specified name :class:`NormalTanhSampler`), :class:`StateIndependentSampler`
+  and :class:`DistributionSampler` hold the RNG stream, deterministic mode and
+  replay of stored pre-images.
+
+:func:`cross_check` compares a user's own log-likelihood with this library's.
 """
 
-from samplers.bijectors import BoundedTanh, Sigmoid, Tanh
-from samplers.diagnostics import (
+from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode_pre_image
+from samplers.distributions import (
+    BoundedTanh,
+    Sigmoid,
+    SquashedNormal,
+    Squashing,
+    Tanh,
     bound_distance,
-    kl_divergence,
+    normal_tanh,
     ppo_log_ratio_stats,
     saturation_fraction,
-)
-from samplers.distribution_sampler import DistributionSampler
-from samplers.distributions import (
-    SquashedNormal,
-    normal_tanh,
     squashed_normal,
     squashed_normal_from_log_std,
     squashed_normal_from_std,
 )
-from samplers.inverse import log_prob_from_action
-from samplers.mode import mode, mode_pre_image
-from samplers.sampler import (
+from samplers.heads import (
     ActionSampler,
+    DistributionSampler,
     NormalTanhSampler,
     SquashedNormalSampler,
+    StatefulModule,
+    StatefulModuleOutput,
     StateIndependentSampler,
     functional,
 )
 from samplers.testing import CrossCheckReport, cross_check
-from samplers.types import StatefulModule, StatefulModuleOutput
 
 __all__ = [
     "ActionSampler",
@@ -45,6 +50,7 @@ __all__ = [
     "Sigmoid",
     "SquashedNormal",
     "SquashedNormalSampler",
+    "Squashing",
     "StateIndependentSampler",
     "StatefulModule",
     "StatefulModuleOutput",

@@ -6,7 +6,6 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax import core
 
 
@@ -78,34 +77,3 @@ def positive_int(name: str, value) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value}.")
     return int(value)
-
-
-def rngs(rng, rngs, collection) -> nnx.Rngs:
-    """The ``nnx.Rngs`` a sampler draws from, given positionally (``rng``) or as ``rngs=``.
-
-    Raises:
-        TypeError: neither or both are given, the value is not an ``nnx.Rngs``,
-            or ``collection`` is not a string.
-        ValueError: the ``nnx.Rngs`` has neither a ``collection`` stream nor a
-            ``default`` one to fall back to.
-    """
-    if rng is not None and rngs is not None:
-        raise TypeError("pass the random stream once, as rng or as rngs=, not both.")
-    value = rng if rngs is None else rngs
-    if value is None:
-        raise TypeError("a sampler needs a random stream: pass rngs=nnx.Rngs(0).")
-    if not isinstance(value, nnx.Rngs):
-        raise TypeError(
-            f"rngs must be an nnx.Rngs, got {type(value).__name__}; pass e.g. nnx.Rngs(0)."
-        )
-    if not isinstance(collection, str):
-        raise TypeError(f"rng_collection must be a stream name, got {collection!r}.")
-    try:
-        value[collection]
-    except KeyError:
-        raise ValueError(
-            f"the nnx.Rngs has no stream named {collection!r} and no 'default' stream to fall "
-            f"back to (it has {sorted(value)}); pass nnx.Rngs({collection}=0) or "
-            f"rng_collection='<one of those>'."
-        ) from None
-    return value

@@ -20,8 +20,8 @@ from jaxtyping import ArrayLike, Float
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
-from samplers.bijectors import BoundedTanh, Tanh
-from samplers.distributions import SquashedNormal
+from samplers.distributions.bijectors import BoundedTanh, Tanh
+from samplers.distributions.squashed_normal import SquashedNormal
 
 # Pre-images from the centre to deep saturation (float32 tanh is +-1 from |x| ~ 8),
 # means and stds a policy head produces.

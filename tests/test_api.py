@@ -1,8 +1,12 @@
+import ast
+import importlib.util
 import math
+import pathlib
 import subprocess
 import sys
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from beartype import beartype
 from flax import nnx
@@ -21,6 +25,7 @@ def test_public_names_are_pinned():
         "Sigmoid",
         "SquashedNormal",
         "SquashedNormalSampler",
+        "Squashing",
         "StateIndependentSampler",
         "StatefulModule",
         "StatefulModuleOutput",
@@ -42,6 +47,7 @@ def test_public_names_are_pinned():
     assert all(hasattr(samplers, name) for name in samplers.__all__)
 
 
+@pytest.mark.slow
 def test_main_prints_a_cross_check_where_only_the_pre_image_path_is_finite():
     result = subprocess.run(
         [sys.executable, "-m", "samplers"], capture_output=True, text=True, check=True, timeout=300
@@ -95,3 +101,111 @@ def test_shape_annotations_catch_a_mismatched_pre_image():
     dist = samplers.normal_tanh(jnp.zeros((5, 6)))
     with pytest.raises(TypeCheckError):
         _checked(samplers.SquashedNormal.forward_and_log_prob)(dist, jnp.zeros((5, 3), jnp.int32))
+
+
+def _imported_modules(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            # `from samplers import _checks` imports the module samplers._checks.
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if _is_module(submodule) else node.module
+
+
+def _module_path(name: str) -> pathlib.Path | None:
+    spec = importlib.util.find_spec(name)
+    return pathlib.Path(spec.origin) if spec and spec.origin else None
+
+
+def _imports_within_the_package(name: str, seen: set[str]) -> set[str]:
+    """Every module that ``name`` imports, following this package's modules."""
+    path = _module_path(name)
+    if path is None or name in seen:
+        return set()
+    seen.add(name)
+    found = set()
+    for imported in _imported_modules(path):
+        found.add(imported)
+        if imported.startswith("samplers"):
+            found |= _imports_within_the_package(imported, seen)
+    return found
+
+
+def test_the_pure_layer_never_imports_the_nnx_layer():
+    package = pathlib.Path(samplers.__file__).parent
+    pure = sorted((package / "distributions").glob("*.py"))
+    assert pure, "no pure-layer modules found"
+    for path in pure:
+        name = f"samplers.distributions.{path.stem}"
+        if path.stem == "__init__":
+            name = "samplers.distributions"
+        imported = _imports_within_the_package(name, set())
+        shell = {m for m in imported if m.startswith(("samplers.heads", "flax"))}
+        assert not shell, f"{name} imports {sorted(shell)}, directly or through samplers"
+    imported = _imports_within_the_package("samplers.heads", set())
+    assert "samplers.distributions.squashed_normal" in imported  # the check follows imports
+    assert "samplers.testing" not in imported
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # the parent is a module, not a package
+        return False
+
+
+def test_no_module_imports_another_modules_private_names():
+    package = pathlib.Path(samplers.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("samplers"):
+                # A private module (samplers._numerics) is shared; its private members are not.
+                private = [
+                    alias.name
+                    for alias in node.names
+                    if alias.name.startswith("_") and not _is_module(f"{node.module}.{alias.name}")
+                ]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+
+
+NEAR_BOUND = jnp.array([0.9999, 0.2])
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (
+            lambda dist: samplers.log_prob_from_action(dist, jnp.array([0.5, 1.0])),
+            lambda dist: dist.log_prob(jnp.array([0.5, 1.0])),
+        ),
+        (
+            lambda dist: samplers.log_prob_from_action(
+                dist, jnp.array([0.9999, 0.2]), min_distance=1e-3
+            ),
+            lambda dist: dist.log_prob(jnp.array([0.9999, 0.2]), min_distance=1e-3),
+        ),
+        (samplers.mode, lambda dist: dist.mode()),
+        (
+            lambda dist: samplers.kl_divergence(dist, dist[0]),
+            lambda dist: dist.kl_divergence(dist[0]),
+        ),
+    ],
+    ids=["log_prob_from_action", "log_prob_from_action clamped", "mode", "kl_divergence"],
+)
+def test_deprecated_free_functions_warn_and_return_the_method(old, new):
+    dist = samplers.squashed_normal_from_std(jnp.array([[0.3, -2.0], [1.0, 4.0]]), jnp.ones((2, 2)))
+    with pytest.deprecated_call(match=r"samplers\.\w+.* is deprecated and will be removed in 0\.5"):
+        ours = old(dist)
+    np.testing.assert_array_equal(ours, new(dist))
+
+
+def test_deprecated_mode_pre_image_is_the_pre_image_the_mode_remembers():
+    dist = samplers.squashed_normal_from_std(jnp.array([0.3, -0.7]), jnp.array([3.0, 1.5]))
+    with pytest.deprecated_call():
+        pre_image = samplers.mode_pre_image(dist)
+    action = dist.mode()
+    np.testing.assert_array_equal(action, dist.bijector.forward(pre_image))
+    np.testing.assert_array_equal(dist.log_prob(action), dist.log_prob_from_pre_image(pre_image))

@@ -22,6 +22,7 @@ _TINY = {
 }
 
 
+@pytest.mark.slow
 def test_suite_runs_and_writes_its_report(tmp_path):
     with jax.numpy_rank_promotion("allow"):  # TFP broadcasts ranks implicitly
         text = suite.run(
@@ -73,6 +74,7 @@ def _noise(step, mean_and_std, key):
     return jax.random.normal(subkey, shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [0.0, 12.0], ids=["moderate", "saturated"])
 def test_actor_steps_compute_the_hand_written_value_and_pathwise_gradient(shift):
     mean_and_std = jax.random.normal(jax.random.key(0), (16, 6)).at[:, :3].add(shift)
@@ -90,6 +92,7 @@ def test_actor_steps_compute_the_hand_written_value_and_pathwise_gradient(shift)
             assert jnp.allclose(grad, want[1], rtol=1e-4, atol=1e-5), step.name
 
 
+@pytest.mark.slow
 def test_actor_steps_advance_their_random_state():
     mean_and_std = jax.random.normal(jax.random.key(0), (4, 4))
     with jax.numpy_rank_promotion("allow"):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import samplers
-from samplers.bijectors import same_map
+from samplers.distributions.bijectors import same_map
 
 LOW = np.array([-2.0, 0.0, -0.1], np.float32)
 HIGH = np.array([2.0, 1.0, 0.3], np.float32)
@@ -57,17 +57,28 @@ def test_same_as_accepts_distrax_s_class_and_refuses_other_maps():
     assert samplers.Sigmoid().same_as(distrax.Sigmoid())
     assert not samplers.Tanh().same_as(distrax.Sigmoid())
     assert not samplers.Sigmoid().same_as(samplers.Tanh())
-    assert not samplers.Tanh().same_as(samplers.BoundedTanh(-1.0, 1.0))
-    assert not samplers.BoundedTanh(-1.0, 1.0).same_as(samplers.Tanh())
+    # Both declare the squashing onto [-1, 1] with pre-image scale 1: the same map.
+    assert samplers.Tanh().same_as(samplers.BoundedTanh(-1.0, 1.0))
+    assert samplers.BoundedTanh(-1.0, 1.0).same_as(samplers.Tanh())
+    assert not samplers.Sigmoid().same_as(samplers.BoundedTanh(0.0, 1.0))
     # distrax's own same_as accepts only its own class: not ours to change.
     assert not distrax.Tanh().same_as(samplers.Tanh())
 
 
-def test_same_as_of_a_subclass_is_not_guaranteed():
-    # As distrax's `type(other) is Tanh`: a subclass may change the map.
-    assert not samplers.Tanh().same_as(_SubTanh())
-    assert not _SubTanh().same_as(samplers.Tanh())
-    assert not same_map(_SubTanh(), distrax.Tanh())
+def test_same_as_of_a_subclass_follows_whether_it_changes_the_map():
+    # A subclass that leaves the map alone inherits the declared squashing ...
+    assert samplers.Tanh().same_as(_SubTanh())
+    assert _SubTanh().same_as(samplers.Tanh())
+    assert same_map(_SubTanh(), distrax.Tanh())
+
+    # ... one that changes it without declaring its own squashing is not known.
+    class Shifted(samplers.Tanh):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+
+    assert not samplers.Tanh().same_as(Shifted())
+    assert not Shifted().same_as(samplers.Tanh())
+    assert not same_map(Shifted(), distrax.Tanh())
 
 
 def test_bounded_tanh_same_as_compares_bounds_by_value():

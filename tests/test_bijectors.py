@@ -153,17 +153,66 @@ def test_constant_bounds_build_inside_jit_and_are_still_checked():
         jax.jit(lambda x: samplers.BoundedTanh(1e300, 2e300).forward(x))(x)
 
 
-def test_a_subclass_is_not_taken_for_the_squashing_it_extends():
-    """A subclass may change the map, so the closed forms built on the bounds do not
-    apply: its distribution falls back to distrax, as for any other bijector."""
+def test_a_subclass_that_changes_the_map_loses_the_squashing_it_extends():
+    """The closed forms built on the bounds do not apply to a changed map: its
+    distribution falls back to distrax, as for any other bijector, unless it
+    declares its own squashing."""
 
     class Doubled(samplers.Tanh):
         def forward_and_log_det(self, x):
             y, log_det = super().forward_and_log_det(x)
             return 0.5 * y, log_det - jnp.log(2.0)
 
-    assert samplers.bijectors.squashing(Doubled()) is None
-    assert samplers.bijectors.squashing(samplers.Tanh()) is not None
+    assert samplers.distributions.bijectors.squashing(Doubled()) is None
+    assert samplers.distributions.bijectors.squashing(samplers.Tanh()) is not None
     dist = samplers.SquashedNormal(jnp.zeros(1), jnp.ones(1), Doubled())
     with pytest.raises(NotImplementedError, match="variance needs an increasing squashing"):
         dist.variance()
+
+    class Declared(Doubled):
+        squashing = samplers.Squashing(-0.5, 0.5, 1.0)
+
+    declared = samplers.SquashedNormal(jnp.array([0.3]), jnp.array([0.7]), Declared())
+    plain = samplers.SquashedNormal(jnp.array([0.3]), jnp.array([0.7]), samplers.Tanh())
+    np.testing.assert_allclose(declared.mean(), 0.5 * plain.mean(), rtol=1e-6)
+    action = jnp.array([0.2])
+    np.testing.assert_allclose(
+        declared.log_prob(action), plain.log_prob(2 * action) + jnp.log(2.0), rtol=1e-6
+    )
+
+
+def test_a_declared_sigmoid_squashing_onto_other_bounds_samples_its_own_map():
+    class WideSigmoid(distrax.Bijector):
+        squashing = samplers.Squashing(-3.0, 3.0, 2.0)
+
+        def __init__(self):
+            super().__init__(event_ndims_in=0)
+
+        def forward_and_log_det(self, x):
+            s = jax.nn.sigmoid(x)
+            return -3.0 + 6.0 * s, jnp.log(6.0) + jax.nn.log_sigmoid(x) + jax.nn.log_sigmoid(-x)
+
+        def inverse_and_log_det(self, y):
+            x = jnp.log((y + 3.0) / (3.0 - y))
+            return x, -self.forward_and_log_det(x)[1]
+
+    dist = samplers.SquashedNormal(jnp.array([0.5, -8.0, 30.0]), jnp.ones(3), WideSigmoid())
+    action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
+    np.testing.assert_allclose(action, -3.0 + 6.0 * jax.nn.sigmoid(pre_image), rtol=1e-6)
+    assert np.all((np.asarray(action) >= -3.0) & (np.asarray(action) <= 3.0))
+    np.testing.assert_allclose(dist.mode(), WideSigmoid().forward(_mode_pre_image(dist)), rtol=1e-6)
+    x = np.asarray(pre_image, np.float64)
+    expected = np.sum(
+        -0.5 * (x - [0.5, -8.0, 30.0]) ** 2
+        - 0.5 * np.log(2 * np.pi)
+        - np.log(6.0)
+        + np.logaddexp(0, x)
+        + np.logaddexp(0, -x)
+    )
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
+
+
+def _mode_pre_image(dist):
+    from samplers.distributions import _squashed
+
+    return _squashed.mode_pre_image(dist.loc, dist.scale, 2.0)

@@ -20,6 +20,9 @@ import pytest
 
 from tests._devices import REPO_ROOT, cpu_devices_environment
 
+# Three multi-process runs: integration, in the slow tier.
+pytestmark = pytest.mark.slow
+
 DEVICES = 4
 TIMEOUT_S = 300  # for all three runs together
 

@@ -597,6 +597,7 @@ def test_gradients_at_the_switch_between_quadrature_rules_are_whole(k):
     # it, against float64 second-order one-sided differences on the narrow side.
     bijector = samplers.Sigmoid() if k == 2.0 else samplers.Tanh()
 
+    @jax.jit
     def methods(loc, scale):
         dist = samplers.SquashedNormal(loc, scale, bijector)
         return jnp.stack([dist.mean()[0], dist.variance()[0], dist.entropy()])
@@ -615,7 +616,7 @@ def test_gradients_at_the_switch_between_quadrature_rules_are_whole(k):
 
             one_sided = (3 * at(0) - 4 * at(1) + at(2)) / (-2 * step[0])
             for scale in (switch, switch * (1 + 1e-12)):
-                grad = jax.jacobian(methods, argnums=argnum)(loc, scale)[:, 0]
+                grad = jax.jit(jax.jacobian(methods, argnums=argnum))(loc, scale)[:, 0]
                 np.testing.assert_allclose(grad, one_sided, rtol=1e-6, atol=1e-9)
 
 
@@ -628,7 +629,6 @@ def test_entropy_in_a_ppo_loss_written_against_distrax():
     actions = old.sample(seed=keys[1])
     old_log_prob = old.log_prob(actions)
 
-    @jax.jit
     def ppo_loss(params, entropy_coefficient):
         dist = samplers.normal_tanh(params)
         ratio = jnp.exp(dist.log_prob(actions) - old_log_prob)
@@ -636,11 +636,12 @@ def test_entropy_in_a_ppo_loss_written_against_distrax():
         policy = -jnp.mean(jnp.minimum(ratio * advantages, clipped * advantages))
         return policy - entropy_coefficient * jnp.mean(dist.entropy())
 
-    grad_without = jax.grad(ppo_loss)(params, 0.0)
-    grad_with = jax.grad(ppo_loss)(params, 0.01)
+    grad = jax.jit(jax.grad(ppo_loss))  # as a training step compiles it
+    grad_without = grad(params, 0.0)
+    grad_with = grad(params, 0.01)
     assert np.all(np.isfinite(grad_with))
     # The entropy bonus's gradient is the jitted gradient of the mean entropy.
-    entropy_grad = jax.grad(lambda p: jnp.mean(samplers.normal_tanh(p).entropy()))(params)
+    entropy_grad = jax.jit(jax.grad(lambda p: jnp.mean(samplers.normal_tanh(p).entropy())))(params)
     np.testing.assert_allclose(grad_with - grad_without, -0.01 * entropy_grad, atol=1e-7)
     assert np.any(entropy_grad != 0)
 
@@ -704,3 +705,15 @@ def test_quadrature_beyond_its_node_limit_is_refused_with_the_exact_entropy_name
     assert np.all(np.isfinite(dist.entropy_quadrature(256)))
     with pytest.raises(ValueError, match=r"num_points must be at most 256, got 400.*entropy\(\)"):
         dist.entropy_quadrature(400)
+
+
+def test_sample_pre_image_refuses_keys_that_are_not_one_per_batch_element():
+    dist = samplers.normal_tanh(jnp.zeros((4, 6)))
+    with pytest.raises(
+        ValueError,
+        match=r"seed must be one key or one key per batch element, shape \(4,\), got keys of "
+        r"shape \(3,\)",
+    ):
+        dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 3))
+    per_element = dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 4))
+    assert per_element.shape == (4, 3)

@@ -15,6 +15,7 @@ def _python_blocks(page: pathlib.Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "page", [p for p in PAGES if _python_blocks(p)], ids=lambda p: str(p.relative_to(DOCS))
 )

@@ -1,92 +1,122 @@
+"""The examples: their command lines, the parts they share, the SAC losses, and whole runs.
+
+A whole run compiles a training step and an evaluation (about ten seconds or more
+even for a few hundred steps), so the runs are integration tests in the slow tier;
+the default tier checks the parts.
+"""
+
+import dataclasses
 import json
 import math
+import pathlib
+import struct
+import subprocess
+import sys
+import time
+import tomllib
 
 import gymnax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
 import samplers
-from samplers.examples import pendulum, pendulum_sac
+from samplers.examples import _common, pendulum, pendulum_sac
 
-TINY = [
-    "--total-steps",
-    "1024",
-    "--num-envs",
-    "8",
-    "--rollout-length",
-    "32",
-    "--seed",
-    "3",
-    "--eval-episodes",
-    "4",
-]
+ROOT = pathlib.Path(__file__).parent.parent
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("bijector", pendulum.BIJECTORS)
-def test_pendulum_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path, bijector):
-    summary = pendulum.main(
-        [*TINY, "--bijector", bijector, "--out", str(tmp_path), "--no-progress"]
+def test_the_packages_setuptools_ships_hold_every_example_module():
+    setuptools = pytest.importorskip("setuptools")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    find = config["packages"]["find"]
+    # pyproject's packages.find finds namespace packages unless told otherwise.
+    finder = (
+        setuptools.find_namespace_packages
+        if find.get("namespaces", True)
+        else setuptools.find_packages
     )
+    where = ROOT / find.get("where", ["."])[0]
+    include, exclude = find.get("include", ["*"]), find.get("exclude", [])
+    packages = finder(str(where), include=include, exclude=exclude)
+    assert "samplers.examples" in packages
+    # setuptools ships every module of a package it finds.
+    modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
+    expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
+    assert expected <= modules
 
-    figure = tmp_path / "pendulum.png"
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1024
-    assert summary["iterations"] == 4
-    # Before the first update of each iteration the weights are the rollout's, so
-    # replaying the stored pre-images must reproduce the stored log-likelihoods.
-    assert summary["replay_ratio_error"] < 1e-5
-    # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
-    for name in ("deterministic_return", "random_return"):
-        assert -3300 < summary[name] <= 0, name
-    assert summary["final_sigma"] > 0 and summary["steps_per_second"] > 0
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["pendulum", "pendulum_sac", "linen_actor"])
+def test_each_example_runs_as_a_module(module):
+    done = subprocess.run(
+        [sys.executable, "-m", f"samplers.examples.{module}", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage:") and "--seed" in done.stdout
+
+
+TINY = {
+    "--total-steps": ("total_steps", 1024),
+    "--num-envs": ("num_envs", 8),
+    "--rollout-length": ("rollout_length", 32),
+    "--seed": ("seed", 3),
+    "--eval-episodes": ("eval_episodes", 4),
+}
+SAC_TINY = {
+    "--total-steps": ("total_steps", 400),
+    "--num-envs": ("num_envs", 4),
+    "--steps-per-call": ("steps_per_call", 10),
+    "--warmup-steps": ("warmup_steps", 200),
+    "--hidden": ("hidden", 16),
+    "--seed": ("seed", 3),
+    "--eval-episodes": ("eval_episodes", 4),
+}
+
+
+def _argv(flags: dict) -> list[str]:
+    return [str(word) for flag, (_, value) in flags.items() for word in (flag, value)]
+
+
+@pytest.mark.parametrize(
+    ("example", "flags", "out"),
+    [
+        (pendulum, {**TINY, "--bijector": ("bijector", "identity")}, "pendulum-results"),
+        (
+            pendulum_sac,
+            {**SAC_TINY, "--updates-per-step": ("updates_per_step", 2)},
+            "pendulum-sac-results",
+        ),
+    ],
+    ids=["pendulum", "pendulum_sac"],
+)
+def test_the_command_line_defaults_to_the_config_and_each_flag_sets_its_field(example, flags, out):
+    config, args = example.parse_args([])
+    assert config == example.Config()
+    assert args.out == pathlib.Path(out) and not args.no_progress
+
+    config, args = example.parse_args([*_argv(flags), "--out", "elsewhere", "--no-progress"])
+    fields = dict(flags.values())
+    assert all(getattr(example.Config(), name) != value for name, value in fields.items())
+    assert config == dataclasses.replace(example.Config(), **fields)
+    assert args.out == pathlib.Path("elsewhere") and args.no_progress
+
+
+def test_pendulum_refuses_an_unknown_bijector(capsys):
+    with pytest.raises(SystemExit):
+        pendulum.parse_args(["--bijector", "sigmoid"])
+    assert "invalid choice: 'sigmoid'" in capsys.readouterr().err
 
 
 def test_pendulum_refuses_a_batch_that_minibatches_do_not_divide(tmp_path):
     with pytest.raises(ValueError, match=r"divisible by minibatches=8, got 3 \* 30 = 90"):
         pendulum.main(["--num-envs", "3", "--rollout-length", "30", "--out", str(tmp_path)])
-
-
-SAC_TINY = [
-    "--total-steps",
-    "400",
-    "--num-envs",
-    "4",
-    "--steps-per-call",
-    "10",
-    "--warmup-steps",
-    "200",
-    "--hidden",
-    "16",
-    "--seed",
-    "3",
-    "--eval-episodes",
-    "4",
-]
-
-
-def test_pendulum_sac_runs_writes_its_figure_and_learns_the_temperature(tmp_path):
-    summary = pendulum_sac.main([*SAC_TINY, "--out", str(tmp_path), "--no-progress"])
-
-    figure = tmp_path / "pendulum_sac.png"
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["steps"] == 400 and written["figure"] == str(figure)
-    for name in ("deterministic", "random"):
-        assert math.isfinite(written[f"{name}_return"] + written[f"{name}_return_std"]), name
-    assert written["config"]["warmup_steps"] == 200 and written["steps_per_second"] > 0
-    # 10 calls of 10 steps of 4 environments; the first 200 environment steps
-    # (50 steps of all environments) take random torques and update nothing.
-    assert summary["calls"] == 10
-    assert summary["updates"] == 50
-    last = summary["last_update"]
-    assert all(math.isfinite(value) for value in last.values()), last
-    # The policy starts far above the target entropy of -1, so alpha falls from 1.
-    assert 0 < last["alpha"] < 1.0
-    # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
-    for name in ("deterministic_return", "random_return"):
-        assert -16.3 * 200 <= summary[name] <= 0, name
 
 
 @pytest.mark.parametrize(
@@ -104,12 +134,161 @@ def test_pendulum_sac_refuses_a_bad_config(overrides, message):
         pendulum_sac.train(pendulum_sac.Config(**overrides), progress=False)
 
 
+def test_run_keeps_every_call_and_the_mean_return_of_the_calls_where_episodes_ended(capsys):
+    @jax.jit
+    def train_step(state, runner):
+        state = state + 1
+        # Two episodes end on every second call, each with return -100 * state.
+        episodes = jnp.where(state % 2 == 0, 2, 0)
+        metrics = {"episodes": episodes, "return_sum": -100.0 * state * episodes, "sigma": state}
+        return state, runner, metrics
+
+    run = _common.run(
+        train_step,
+        jnp.int32(0),
+        (),
+        calls=5,
+        steps_per_call=10,
+        label="TEST",
+        column=("std", lambda metrics: f"{metrics['sigma']:.3f}"),
+        progress=True,
+    )
+    assert int(run.state) == 5
+    assert [metrics["sigma"] for metrics in run.history] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert run.curve_steps == [20, 40]
+    assert run.curve_returns == [-200.0, -400.0]
+    assert run.compile_s > 0 and run.train_s > 0
+    bar = capsys.readouterr().out
+    assert "TEST" in bar and "50/50" in bar and "std 5.000" in bar
+
+
+def test_first_step_at_is_the_first_point_of_the_curve_at_or_above_the_threshold():
+    log = {"curve_steps": [10, 20, 30], "curve_returns": [-900.0, -200.0, -100.0]}
+    assert _common.first_step_at(log, -200.0) == 20
+    assert _common.first_step_at(log, -150.0) == 30
+    assert _common.first_step_at(log, -50.0) is None
+
+
+class _ConstantPolicy(nnx.Module):
+    """A head on the same ``[mean | raw_std]`` in every state."""
+
+    def __init__(self, mean: float, raw_std: float):
+        self.params = (mean, raw_std)
+        self.head = samplers.SquashedNormalSampler(
+            nnx.Rngs(0), 0.0, bijector=samplers.BoundedTanh(-2.0, 2.0)
+        )
+
+    def __call__(self, obs):
+        return self.head((), jnp.broadcast_to(jnp.array(self.params), (*obs.shape[:-1], 2)))
+
+
+def test_evaluate_plays_f_of_the_mean_and_leaves_the_module_training():
+    # A std of softplus(5) ~ 5 saturates the samples at +-2: sampling would not be
+    # the constant torque 2 tanh(0.3).
+    policy = _ConstantPolicy(0.3, 5.0)
+    returns = _common.evaluate(
+        policy, lambda policy, obs: policy(obs).output["action"], num_episodes=4, seed=0
+    )
+
+    def constant(_, obs):
+        return samplers.BoundedTanh(-2.0, 2.0).forward(jnp.full((*obs.shape[:-1], 1), 0.3))
+
+    expected = _common.evaluate(policy, constant, num_episodes=4, seed=0)
+    assert returns["deterministic_return"] == pytest.approx(
+        expected["deterministic_return"], rel=1e-4
+    )
+    assert returns["random_return"] == expected["random_return"]
+    assert returns["random_return"] != returns["deterministic_return"]
+    # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
+    assert -16.3 * 200 <= returns["random_return"] <= 0
+    assert policy.head.deterministic is False
+
+
+@pytest.mark.slow
+def test_action_distributions_are_the_same_torques_whichever_factor_scales_them():
+    def network(obs):
+        return jnp.stack([obs[1] + 0.5, obs[0]])
+
+    bounded = samplers.SquashedNormalSampler(
+        nnx.Rngs(0), 0.0, bijector=samplers.BoundedTanh(-2.0, 2.0)
+    )
+    doubled = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0)
+    options = {"num_samples": 2_000, "grid": 401}
+    torques = _common.action_distributions(network, bounded, **options)
+    scaled = _common.action_distributions(network, doubled, 2.0, **options)
+
+    assert len(torques) == len(_common.PROBE_STATES)
+    for one, other in zip(torques, scaled, strict=True):
+        np.testing.assert_allclose(one["torque"], other["torque"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(one["density"], other["density"], rtol=1e-4)
+        assert np.trapezoid(one["density"], one["torque"]) == pytest.approx(1.0, abs=1e-3)
+        assert np.all(np.abs(one["samples"]) <= 2.0)
+        mean = math.sin(one["state"][0]) + 0.5
+        assert one["deterministic"] == pytest.approx(2.0 * math.tanh(mean), rel=1e-5)
+        assert other["deterministic"] == pytest.approx(one["deterministic"], rel=1e-5)
+
+
+def test_plot_writes_a_png_of_the_curve_and_one_panel_per_state(tmp_path):
+    rng = np.random.default_rng(0)
+    torque = np.linspace(-2.0, 2.0, 101)
+    distributions = [
+        {
+            "state": state,
+            "samples": np.clip(rng.normal(size=500), -2.0, 2.0),
+            "torque": torque,
+            "density": np.exp(-0.5 * torque**2) / math.sqrt(2 * math.pi),
+            "deterministic": 0.0,
+        }
+        for state in _common.PROBE_STATES
+    ]
+    summary = {
+        "curve_steps": [100, 200, 300],
+        "curve_returns": [-1200.0, -800.0, -300.0],
+        "deterministic_return": -250.0,
+        "random_return": -1200.0,
+    }
+    figure = tmp_path / "new" / "figure.png"
+    _common.plot(figure, summary, distributions, title="(a) test", warmup_steps=150)
+    data = figure.read_bytes()
+    assert data[:8] == PNG
+    # 16 x 4 inches at 100 dpi.
+    assert struct.unpack(">II", data[16:24]) == (1600, 400)
+
+
+def test_finish_writes_the_summary_beside_the_figure_and_prints_it(tmp_path, capsys):
+    summary = {
+        "config": {"eval_episodes": 4},
+        "deterministic_return": -150.25,
+        "deterministic_return_std": 10.0,
+        "random_return": -1200.0,
+        "random_return_std": 300.0,
+        "compile_s": 1.5,
+        "steps_per_second": 12345.6,
+    }
+    figure = tmp_path / "figure.png"
+    _common.finish(summary, figure, time.perf_counter(), header="Header", details=["detail"])
+
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written == summary
+    assert written["figure"] == str(figure) and 0 <= written["wall_s"] < 60
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Header"
+    assert lines[1] == "  deterministic policy:   -150.2 +- 10.0 per episode (4 episodes)"
+    assert lines[2] == "  uniform random:        -1200.0 +- 300.0 per episode (same initial states)"
+    assert lines[3].startswith("  wall time ") and lines[3].endswith(
+        "s (compile 1.5 s), 12,346 steps/s while training"
+    )
+    assert lines[4:] == ["  detail", f"  wrote {figure} and {tmp_path / 'summary.json'}"]
+
+
 def test_pendulum_sac_actor_gradient_reaches_the_network_through_the_sampled_torque():
     actor = pendulum_sac.Actor(16, nnx.Rngs(0), nnx.Rngs(1))
     critic = pendulum_sac.TwinCritic(16, nnx.Rngs(2))
     theta = jnp.linspace(-3.0, 3.0, 32)
     obs = jnp.stack([jnp.cos(theta), jnp.sin(theta), jnp.zeros_like(theta)], axis=-1)
 
+    @nnx.jit
+    @nnx.grad
     def critic_term(actor):
         # The example's actor loss at alpha = 0, -min_i Q_i(s, a): only dQ/da can
         # carry a gradient to the actor.
@@ -118,13 +297,13 @@ def test_pendulum_sac_actor_gradient_reaches_the_network_through_the_sampled_tor
     def largest(grads):
         return max(float(jnp.abs(leaf).max()) for leaf in jax.tree.leaves(grads))
 
-    assert largest(nnx.grad(critic_term)(actor)) > 1e-4
+    assert largest(critic_term(actor)) > 1e-4
     # The default (PPO) head stops the gradient at a fresh sample: the same loss
     # would give the actor nothing to climb the critic with.
     actor.head = samplers.SquashedNormalSampler(
         nnx.Rngs(1), 0.0, bijector=samplers.BoundedTanh(-2.0, 2.0)
     )
-    assert largest(nnx.grad(critic_term)(actor)) == 0.0
+    assert largest(critic_term(actor)) == 0.0
 
 
 def test_pendulum_sac_stores_the_observation_before_the_reset_and_not_the_time_limit():
@@ -155,17 +334,66 @@ def test_pendulum_sac_critic_loss_is_the_soft_bellman_error_cut_only_at_terminal
         "terminated": jnp.array([1.0, 0.0] * 4),
     }
     alpha = 0.3
-    # A copy of the actor continues the same stream: it draws the loss's next torques.
-    next_action = nnx.clone(actor)(batch["next_obs"]).output
-    next_q = jnp.minimum(*target(batch["next_obs"], next_action["action"]))
-    soft_value = next_q - alpha * next_action["log_likelihood"]
-    reward = config.reward_scale * batch["reward"]
-    y = reward + config.gamma * jnp.array([0.0, 1.0] * 4) * soft_value
-    q1, q2 = critic(batch["obs"], batch["torque"])
-    expected = 0.5 * (jnp.square(q1 - y) + jnp.square(q2 - y)).mean()
 
-    loss, _ = pendulum_sac.critic_loss(critic, target, actor, alpha, batch, config)
-    assert jnp.allclose(loss, expected, rtol=1e-6, atol=0.0)
+    @nnx.jit
+    def expected(actor, critic, target, batch):
+        # A copy of the actor continues the same stream: it draws the loss's next torques.
+        next_action = nnx.clone(actor)(batch["next_obs"]).output
+        next_q = jnp.minimum(*target(batch["next_obs"], next_action["action"]))
+        soft_value = next_q - alpha * next_action["log_likelihood"]
+        reward = config.reward_scale * batch["reward"]
+        y = reward + config.gamma * jnp.array([0.0, 1.0] * 4) * soft_value
+        q1, q2 = critic(batch["obs"], batch["torque"])
+        loss = 0.5 * (jnp.square(q1 - y) + jnp.square(q2 - y)).mean()
+        no_bootstrap = 0.5 * (jnp.square(q1 - reward) + jnp.square(q2 - reward)).mean()
+        return loss, no_bootstrap
+
+    want, no_bootstrap = expected(actor, critic, target, batch)
+    critic_loss = nnx.jit(pendulum_sac.critic_loss, static_argnums=5)
+    loss, _ = critic_loss(critic, target, actor, alpha, batch, config)
+    assert jnp.allclose(loss, want, rtol=1e-6, atol=0.0)
     # Bootstrapping matters on the non-terminal rows: the loss without it differs.
-    no_bootstrap = 0.5 * (jnp.square(q1 - reward) + jnp.square(q2 - reward)).mean()
     assert not jnp.allclose(loss, no_bootstrap, rtol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bijector", pendulum.BIJECTORS)
+def test_pendulum_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path, bijector):
+    argv = [*_argv(TINY), "--bijector", bijector, "--out", str(tmp_path), "--no-progress"]
+    summary = pendulum.main(argv)
+
+    figure = tmp_path / "pendulum.png"
+    assert figure.read_bytes()[:8] == PNG
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1024
+    assert summary["iterations"] == 4
+    # Before the first update of each iteration the weights are the rollout's, so
+    # replaying the stored pre-images must reproduce the stored log-likelihoods.
+    assert summary["replay_ratio_error"] < 1e-5
+    # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
+    for name in ("deterministic_return", "random_return"):
+        assert -3300 < summary[name] <= 0, name
+    assert summary["final_sigma"] > 0 and summary["steps_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_pendulum_sac_runs_writes_its_figure_and_learns_the_temperature(tmp_path):
+    summary = pendulum_sac.main([*_argv(SAC_TINY), "--out", str(tmp_path), "--no-progress"])
+
+    figure = tmp_path / "pendulum_sac.png"
+    assert figure.read_bytes()[:8] == PNG
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["steps"] == 400 and written["figure"] == str(figure)
+    for name in ("deterministic", "random"):
+        assert math.isfinite(written[f"{name}_return"] + written[f"{name}_return_std"]), name
+    assert written["config"]["warmup_steps"] == 200 and written["steps_per_second"] > 0
+    # 10 calls of 10 steps of 4 environments; the first 200 environment steps
+    # (50 steps of all environments) take random torques and update nothing.
+    assert summary["calls"] == 10
+    assert summary["updates"] == 50
+    last = summary["last_update"]
+    assert all(math.isfinite(value) for value in last.values()), last
+    # The policy starts far above the target entropy of -1, so alpha falls from 1.
+    assert 0 < last["alpha"] < 1.0
+    # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
+    for name in ("deterministic_return", "random_return"):
+        assert -16.3 * 200 <= summary[name] <= 0, name

@@ -8,7 +8,6 @@ from scipy import special as scipy_special
 from scipy import stats as scipy_stats
 
 import samplers
-from samplers.inverse import log_prob_from_action
 
 EPS32 = 2.0**-23
 # Distances to the bound as a fraction of the half range, 1e-1 down to 1e-7.
@@ -56,9 +55,8 @@ def _grid(low, high):
     return action.reshape(-1, 1), loc.reshape(-1, 1), scale.reshape(-1, 1)
 
 
-# The two public routes to the same computation.
+# The method, and the deprecated free function that is its alias.
 SCORES = {
-    "log_prob_from_action": log_prob_from_action,
     "SquashedNormal.log_prob": lambda dist, action: dist.log_prob(action),
 }
 
@@ -153,7 +151,7 @@ def test_clipping_used_elsewhere_errs_near_the_bound_where_this_does_not(
     loc, scale = jnp.float32(0.0), jnp.float32(1.0)
     expected, x = _reference_float64(action, loc, scale, -1.0, 1.0)
     dist = samplers.SquashedNormal(jnp.array([loc]), jnp.array([scale]), samplers.Tanh())
-    ours = log_prob_from_action(dist, jnp.array([action]))
+    ours = dist.log_prob(jnp.array([action]))
     assert abs(float(ours) - expected) <= _documented_bound(x, 0.0, 1.0, expected)
     assert abs(float(_acme_style(action, loc, scale)) - expected) > acme_error
     assert abs(float(_sb3_style(action, loc, scale)) - expected) > sb3_error
@@ -164,7 +162,7 @@ def test_acme_style_clipping_jumps_at_its_threshold_and_this_is_continuous():
     loc, scale = jnp.float32(0.0), jnp.float32(1.0)
     acme_jump = float(_acme_style(above, loc, scale) - _acme_style(below, loc, scale))
     dist = samplers.SquashedNormal(jnp.array([loc]), jnp.array([scale]), samplers.Tanh())
-    ours = log_prob_from_action(dist, jnp.array([[below], [above]]))
+    ours = dist.log_prob(jnp.array([[below], [above]]))
     assert abs(acme_jump) > 0.5
     assert abs(float(ours[1] - ours[0])) < 1e-3
 
@@ -176,7 +174,7 @@ def test_matches_the_pre_image_path_on_round_trips(batch_shape, maybe_jit):
     bijector = samplers.BoundedTanh(jnp.array([-2.0, 0.0, -0.1]), jnp.array([2.0, 1.0, 0.3]))
     dist = samplers.SquashedNormal(loc, scale, bijector)
     pre_image = 2.0 * jax.random.normal(keys[2], (*batch_shape, 3))
-    ours = maybe_jit(log_prob_from_action)(dist, bijector.forward(pre_image))
+    ours = maybe_jit(lambda d, a: d.log_prob(a))(dist, bijector.forward(pre_image))
     # The reference runs jitted either way: its eager path retraces for every shape.
     expected = jax.jit(lambda d, x: d.log_prob_from_pre_image(x))(dist, pre_image)
     assert ours.shape == batch_shape
@@ -188,9 +186,7 @@ def test_matches_distrax_inside_the_range():
     loc, scale = jnp.full_like(action, 0.3), jnp.full_like(action, 0.7)
     plain = distrax.Independent(distrax.Transformed(distrax.Normal(loc, scale), distrax.Tanh()), 1)
     dist = samplers.SquashedNormal(loc, scale, distrax.Tanh())
-    np.testing.assert_allclose(
-        log_prob_from_action(dist, action), plain.log_prob(action), atol=1e-5
-    )
+    np.testing.assert_allclose(dist.log_prob(action), plain.log_prob(action), atol=1e-5)
 
 
 def _atom_float64(threshold_pre_image, loc, scale, upper):
@@ -222,7 +218,7 @@ def test_an_action_on_a_bound_is_scored_as_the_mass_that_rounds_onto_it(low, hig
 
     def score(loc, scale):
         dist = samplers.SquashedNormal(loc, scale, _bijector(low, high))
-        return log_prob_from_action(dist, jnp.array([[low32], [high32]]))
+        return dist.log_prob(jnp.array([[low32], [high32]]))
 
     loc, scale = jnp.full((2, 1), 0.5), jnp.full((2, 1), 2.0)
     np.testing.assert_allclose(score(loc, scale), expected, rtol=1e-5)
@@ -241,7 +237,7 @@ def test_gradients_are_finite_everywhere_including_on_the_bounds(low, high):
 
     def total(loc, scale, action):
         dist = samplers.SquashedNormal(loc, scale, _bijector(low, high))
-        return jnp.sum(log_prob_from_action(dist, action))
+        return jnp.sum(dist.log_prob(action))
 
     loc, scale = jnp.full_like(action, 0.3), jnp.full_like(action, 0.2)
     grads = jax.grad(total, argnums=(0, 1, 2))(loc, scale, action)
@@ -252,49 +248,39 @@ def test_gradients_are_finite_everywhere_including_on_the_bounds(low, high):
 
 def test_min_distance_clamps_like_a_threshold():
     dist = samplers.SquashedNormal(jnp.zeros((2, 1)), jnp.ones((2, 1)), samplers.Tanh())
-    clamped = log_prob_from_action(dist, jnp.array([[0.9999], [0.999]]), min_distance=1e-3)
+    clamped = dist.log_prob(jnp.array([[0.9999], [0.999]]), min_distance=1e-3)
     np.testing.assert_allclose(clamped[0], clamped[1], rtol=1e-5)
 
 
 @pytest.mark.parametrize(
-    "bijector, message",
-    [
-        (distrax.Lambda(lambda x: x), r"BoundedTanh and sigmoid, got Lambda; .*log_prob_from_pre"),
-        (
-            distrax.ScalarAffine(0.0, 2.0),
-            r"got ScalarAffine; for other bijectors use dist.log_prob",
-        ),
-    ],
+    "bijector",
+    [distrax.Lambda(lambda x: x), distrax.ScalarAffine(0.0, 2.0)],
+    ids=["Lambda", "affine"],
 )
-def test_refuses_bijectors_outside_the_tanh_family(bijector, message):
+def test_min_distance_refuses_bijectors_without_a_squashing(bijector):
     dist = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), bijector)
-    with pytest.raises(TypeError, match=message):
-        log_prob_from_action(dist, jnp.zeros(2))
+    name = type(bijector).__name__
+    with pytest.raises(TypeError, match=rf"min_distance needs a squashing .* got {name}; drop"):
+        dist.log_prob(jnp.zeros(2), min_distance=1e-3)
 
 
 def test_refuses_bad_arguments():
     dist = samplers.normal_tanh(jnp.zeros((4, 6)))
-    with pytest.raises(TypeError, match=r"dist must be a samplers.SquashedNormal, got Normal"):
-        log_prob_from_action(distrax.Normal(0.0, 1.0), jnp.zeros(3))
-    with pytest.raises(
-        ValueError, match=r"ending in the distribution's shape \(4, 3\), got \(3,\)"
-    ):
-        log_prob_from_action(dist, jnp.zeros(3))
-    with pytest.raises(ValueError, match=r"shape \(4, 3\), got \(4, 2\)"):
-        log_prob_from_action(dist, jnp.zeros((4, 2)))
-    with pytest.raises(TypeError, match=r"action must have a floating dtype, got int32"):
-        log_prob_from_action(dist, jnp.zeros((4, 3), jnp.int32))
+    with pytest.raises(ValueError, match=r"shape \[\*batch, action\] = \(4, 3\), got \(4, 2\)"):
+        dist.log_prob(jnp.zeros((4, 2)))
+    with pytest.raises(TypeError, match=r"value must have a floating dtype, got int32"):
+        dist.log_prob(jnp.zeros((4, 3), jnp.int32))
     with pytest.raises(ValueError, match=r"min_distance must be in \(0, 1\).*got 1.0"):
-        log_prob_from_action(dist, jnp.zeros((4, 3)), min_distance=1.0)
+        dist.log_prob(jnp.zeros((4, 3)), min_distance=1.0)
 
 
 def test_leading_sample_axes_score_each_action_under_the_same_distribution():
     dist = samplers.SquashedNormal(jnp.array([0.2, -0.4]), jnp.array([0.5, 1.5]), samplers.Tanh())
     actions = jnp.array([[0.1, 0.9], [-0.99, 1.0], [0.0, -1.0]])
-    ours = log_prob_from_action(dist, actions)
+    ours = dist.log_prob(actions)
     assert ours.shape == (3,)
     for row, value in zip(actions, ours, strict=True):
-        assert float(value) == pytest.approx(float(log_prob_from_action(dist, row)), rel=1e-6)
+        assert float(value) == pytest.approx(float(dist.log_prob(row)), rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -309,7 +295,7 @@ def test_leading_sample_axes_score_each_action_under_the_same_distribution():
 def test_actions_outside_the_range_are_nan_not_scored_on_the_bound(bijector, actions):
     dist = samplers.SquashedNormal(jnp.zeros((4, 1)), jnp.ones((4, 1)), bijector)
     action = jnp.array([[0.2], *([a] for a in actions)])
-    for scores in (log_prob_from_action(dist, action), dist.log_prob(action)):
+    for scores in (dist.log_prob(action), dist.log_prob(action)):
         assert np.isfinite(scores[0])
         assert np.all(np.isnan(scores[1:])), scores
 
@@ -327,4 +313,26 @@ def test_a_sigmoid_action_on_a_bound_is_scored_as_the_mass_that_rounds_onto_it(b
     dist = samplers.SquashedNormal(jnp.full((2, 1), 0.5), jnp.full((2, 1), 30.0), bijector)
     action = jnp.array([[0.0], [1.0]])
     np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)
-    np.testing.assert_allclose(log_prob_from_action(dist, action), expected, rtol=1e-6)
+    np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)
+
+
+def test_min_distance_clamps_a_fresh_sample_too_and_pulls_loc_to_the_clamped_point():
+    min_distance = 1e-3
+    clamped_pre_image = np.arctanh(1.0 - min_distance)  # ~3.8, for actions near +1
+
+    def clamped_log_prob(loc, action):
+        dist = samplers.SquashedNormal(loc, jnp.full_like(loc, 0.5), samplers.Tanh())
+        return jnp.sum(dist.log_prob(action, min_distance=min_distance))
+
+    dist = samplers.SquashedNormal(jnp.full(3, 10.0), jnp.full(3, 0.5), samplers.Tanh())
+    sample = dist.sample(seed=jax.random.key(0))
+    assert np.all(np.asarray(sample) > 1.0 - min_distance)
+    copy = jnp.array(np.asarray(sample))  # a copy: not the array the sample remembers
+    clamped = dist.log_prob(sample, min_distance=min_distance)
+    assert float(clamped) == float(dist.log_prob(copy, min_distance=min_distance))
+    assert float(clamped) != float(dist.log_prob(sample))  # the clamp, not the pre-image
+    # d/d loc of log N(x_c; loc, s) is (x_c - loc) / s**2: towards the clamped pre-image.
+    for loc in (10.0, 0.0):
+        grad = jax.grad(clamped_log_prob)(jnp.full(3, loc), copy)
+        expected = (clamped_pre_image - loc) / 0.25
+        np.testing.assert_allclose(grad, np.full(3, expected), rtol=1e-3)

@@ -122,6 +122,7 @@ def test_jitted_actor_loss_and_gradient_are_the_float64_pathwise_ones(where):
         )
 
 
+@pytest.mark.slow
 def test_training_moves_the_median_action_onto_the_critics_best_action():
     summary = linen_actor.main(["--steps", "150", "--seed", "1"])
     assert summary["final_loss"] < summary["initial_loss"]

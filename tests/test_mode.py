@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 import samplers
-from samplers.mode import mode, mode_pre_image
+from samplers.distributions import _squashed
+from samplers.distributions.bijectors import squashing
+
+
+def mode_pre_image(dist):
+    """The pre-image that ``dist.mode()`` maps and remembers."""
+    return _squashed.mode_pre_image(dist.loc, dist.scale, squashing(dist.bijector).pre_image_scale)
+
 
 # (loc, scale): unimodal (scale < 1/sqrt(2)), near the bifurcation, bimodal with
 # modes inside float32 range, and bimodal with the mode rounding onto a bound.
@@ -72,12 +79,12 @@ def test_mode_is_not_the_median_and_is_more_likely():
     assert np.all(np.asarray(log_density(dist, x_mode)) >= np.asarray(log_density(dist, x_median)))
     # Unimodal with a narrow std: close to tanh(loc), but further out.
     close = _dist([(0.5, 0.3)])
-    assert float(mode(close)[0, 0]) == pytest.approx(0.5343, abs=1e-4)
+    assert float(close.mode()[0, 0]) == pytest.approx(0.5343, abs=1e-4)
     assert float(close.deterministic_action()[0, 0]) == pytest.approx(0.4621, abs=1e-4)
 
 
 def test_bimodal_modes_sit_near_the_bound_on_the_side_of_the_mean():
-    actions = np.asarray(mode(_dist(BIMODAL))[:, 0])
+    actions = np.asarray((_dist(BIMODAL)).mode()[:, 0])
     np.testing.assert_allclose(actions[:2], [0.97831, -0.99994], atol=1e-5)
     # loc=+-0.3, scale=3: the mode is at x ~ 18.3, tanh = 1 - 2.6e-16, which is 1.0 in float32.
     np.testing.assert_array_equal(actions[2:4], [1.0, -1.0])
@@ -100,27 +107,27 @@ def test_other_squashings_match_the_grid(bijector, forward):
     for (loc, scale), x_ours in zip(CASES, x, strict=True):
         x_grid, _ = _grid_mode_in_action_space(loc / k, scale / k)
         assert x_ours == pytest.approx(k * x_grid, rel=2e-4, abs=2e-4), (loc, scale)
-    np.testing.assert_allclose(mode(_dist(CASES[:5], bijector))[:, 0], forward(x[:5]), rtol=1e-5)
+    np.testing.assert_allclose((_dist(CASES[:5], bijector)).mode()[:, 0], forward(x[:5]), rtol=1e-5)
 
 
 def test_shapes_follow_the_distribution(batch_shape):
     loc = jax.random.normal(jax.random.key(0), (*batch_shape, 3))
     dist = samplers.SquashedNormal(loc, jnp.full_like(loc, 2.0), samplers.Tanh())
-    assert mode(dist).shape == loc.shape
+    assert dist.mode().shape == loc.shape
     assert np.all(np.sign(mode_pre_image(dist)) == np.sign(loc))
 
 
 def test_gradients_are_stopped():
     def action(loc):
         dist = samplers.SquashedNormal(loc, jnp.ones_like(loc), samplers.Tanh())
-        return jnp.sum(mode(dist))
+        return jnp.sum(dist.mode())
 
     np.testing.assert_array_equal(jax.grad(action)(jnp.array([0.3, -2.0])), [0.0, 0.0])
 
 
-def test_refuses_other_distributions_and_bijectors():
-    with pytest.raises(TypeError, match=r"dist must be a samplers.SquashedNormal, got Normal"):
-        mode(distrax.Normal(0.0, 1.0))
-    identity = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), distrax.Lambda(lambda x: x))
-    with pytest.raises(TypeError, match=r"got Lambda; for the identity the mode is dist.loc"):
-        mode(identity)
+def test_the_mode_is_scored_at_its_remembered_pre_image():
+    dist = _dist(BIMODAL)
+    action = dist.mode()
+    np.testing.assert_array_equal(
+        dist.log_prob(action), dist.log_prob_from_pre_image(mode_pre_image(dist))
+    )

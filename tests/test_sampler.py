@@ -39,11 +39,19 @@ def _call(jitted):
     return nnx.jit(lambda head, *args: head((), *args))
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+CUSTOM = {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}
+
+
+# Each batch shape, eager and nnx.jit, default and custom options, each at least once.
 @pytest.mark.parametrize(
-    "options",
-    [OPTIONS, {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}],
-    ids=["default", "custom"],
+    "batch_shape, jitted, options",
+    [
+        ((), False, OPTIONS),
+        ((5,), True, CUSTOM),
+        ((3, 4), False, CUSTOM),
+        ((3, 4), True, OPTIONS),
+    ],
+    ids=["(A,)-eager-default", "(B,A)-nnx.jit-custom", "(T,B,A)-eager-custom", "(T,B,A)-nnx.jit"],
 )
 def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape, jitted, options):
     head = samplers.NormalTanhSampler(nnx.Rngs(42), **options)
@@ -274,8 +282,11 @@ def _head_inputs(name, inputs):
     return inputs[..., :A] if name == "StateIndependentSampler" else inputs
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize(
+    "dtype, jitted",
+    [(jnp.bfloat16, False), (jnp.float16, True)],
+    ids=["bfloat16-eager", "float16-nnx.jit"],
+)
 def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted):
     inputs = _inputs((64,))
     rollout = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)((), inputs)
@@ -346,11 +357,11 @@ def test_odd_input_is_refused_by_the_module():
         ({"entropy_weight": None}, TypeError, r"entropy_weight is required; pass a real number"),
         ({"min_std": -1e-3}, ValueError, r"min_std must be >= 0.0, got -0.001"),
         ({"std_scale": -1.0}, ValueError, r"std_scale must be > 0.0, got -1.0"),
-        ({"rng": 0}, TypeError, r"rngs must be an nnx.Rngs, got int; pass e.g. nnx.Rngs\(0\)"),
+        ({"rngs": 0}, TypeError, r"rngs must be an nnx.Rngs or an nnx.RngStream, got int; pass"),
     ],
 )
 def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
-    arguments = {"rng": nnx.Rngs(0), **OPTIONS, **kwargs}
+    arguments = {"rngs": nnx.Rngs(0), **OPTIONS, **kwargs}
     with pytest.raises(error, match=message):
         samplers.NormalTanhSampler(**arguments)
 
@@ -360,7 +371,8 @@ def test_bad_configuration_is_refused_at_construction(kwargs, error, message):
     [("sample", None), ("sample", 4), ("quadrature", None), ("exact", None), ("base", None)],
 )
 def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
-    head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=entropy, entropy_points=points)
+    choice = entropy if points is None else (entropy, points)
+    head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=choice)
     default = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1)
     mean_and_std = _inputs((6,))
     rollout = head((), mean_and_std)
@@ -389,9 +401,12 @@ def test_deterministic_estimators_do_not_depend_on_the_key():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"entropy": "closed"}, ValueError, r"entropy must be one of \['base', 'exact', "),
-        ({"entropy_points": 0}, ValueError, r"entropy_points must be a positive integer, got 0"),
-        ({"entropy_points": 1.5}, TypeError, r"entropy_points must be a positive integer"),
+        ({"entropy": "closed"}, ValueError, r"entropy must be 'sample', 'quadrature', 'exact' "),
+        ({"entropy": ("exact", 4)}, ValueError, r"or \('quadrature', n\) with n >= 1, got \('ex"),
+        ({"entropy": ("sample", 0)}, ValueError, r"entropy=\('sample', 0\) must be a positive int"),
+        ({"entropy": ("sample", 1.5)}, TypeError, r"entropy=\('sample', 1.5\) must be a positive"),
+        ({"entropy_weight": 0.1}, TypeError, r"multiple values for argument 'entropy_weight'"),
+        ({"temperature": 0.1}, TypeError, r"unexpected keyword arguments \['temperature'\]"),
     ],
 )
 def test_bad_entropy_options_are_refused(kwargs, error, message):
@@ -757,11 +772,48 @@ def _sampler_inputs(head):
 
 def test_samplers_take_flax_rngs_keyword_and_give_the_positional_outputs():
     keyword = _all_samplers(rngs=nnx.Rngs(5))
-    positional = _all_samplers(rng=nnx.Rngs(5))
-    for ours, theirs in zip(keyword, positional, strict=True):
+    shared = nnx.Rngs(5)
+    positional = [type(head)(shared, **_options(head)) for head in keyword]
+    with pytest.deprecated_call(match=r"the rng= keyword is deprecated"):
+        deprecated = _all_samplers(rng=nnx.Rngs(5))
+    for ours, theirs, old in zip(keyword, positional, deprecated, strict=True):
         x = _sampler_inputs(ours)
-        for a, b in zip(jax.tree.leaves(ours((), x)), jax.tree.leaves(theirs((), x)), strict=True):
+        leaves = jax.tree.leaves(ours((), x))
+        for a, b, c in zip(
+            leaves, jax.tree.leaves(theirs((), x)), jax.tree.leaves(old((), x)), strict=True
+        ):
             np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
+
+
+def test_samplers_take_one_rng_stream_and_a_call_time_deterministic():
+    for i in range(4):
+        streams = nnx.Rngs(params=0, action=7)
+        ours = _all_samplers(rngs=streams.action)[i]
+        theirs = _all_samplers(rngs=nnx.Rngs(action=7))[i]
+        x = _sampler_inputs(ours)
+        first = ours((), x)
+        np.testing.assert_array_equal(first.output["action"], theirs((), x).output["action"])
+        # deterministic=True for one call acts as eval() does, and leaves the flag alone.
+        once = ours((), x, deterministic=True)
+        ours.eval()
+        evaluated = ours((), x)
+        ours.train()
+        np.testing.assert_array_equal(once.output["action"], evaluated.output["action"])
+        assert not ours.deterministic
+        ours.eval()
+        sampled = ours((), x, deterministic=False)
+        assert not np.array_equal(sampled.output["action"], evaluated.output["action"])
+        assert int(streams.params.count[...]) == 0
+
+
+def _options(head):
+    """The positional arguments after the stream that ``_all_samplers`` gave ``head``."""
+    if isinstance(head, samplers.DistributionSampler):
+        return {"entropy_weight": 0.01, "make_distribution": head._make_distribution.value}
+    if isinstance(head, samplers.StateIndependentSampler):
+        return {"action_dim": A, "entropy_weight": 0.01}
+    return {"entropy_weight": 0.01, "bijector": head.bijector}
 
 
 def test_samplers_draw_from_the_action_stream_and_fall_back_to_default():
@@ -803,11 +855,6 @@ def test_a_flax_module_built_with_named_streams_holds_a_sampler():
     [
         ({}, TypeError, r"a sampler needs a random stream: pass rngs=nnx.Rngs\(0\)"),
         (
-            {"rng": nnx.Rngs(0), "rngs": nnx.Rngs(0)},
-            TypeError,
-            r"pass the random stream once, as rng or as rngs=, not both",
-        ),
-        (
             {"rngs": nnx.Rngs(params=0)},
             ValueError,
             r"the nnx.Rngs has no stream named 'action' and no 'default' stream to fall back to "
@@ -820,7 +867,7 @@ def test_a_flax_module_built_with_named_streams_holds_a_sampler():
         ),
     ],
 )
-def test_a_missing_or_doubled_stream_is_refused(stream, error, message):
+def test_a_missing_or_bad_stream_is_refused(stream, error, message):
     with pytest.raises(error, match=message):
         samplers.NormalTanhSampler(entropy_weight=0.01, **stream)
     with pytest.raises(error, match=message):
@@ -848,13 +895,19 @@ def test_state_independent_sampler_has_no_std_options_it_would_ignore():
         samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, min_std=0.1)
 
 
-@pytest.mark.parametrize("entropy", ["exact", "base"])
-def test_closed_form_entropies_refuse_entropy_points_they_would_ignore(entropy):
-    with pytest.raises(
-        ValueError,
-        match=rf"entropy='{entropy}' is a closed form and takes no entropy_points, got 4",
+def test_entropy_points_is_deprecated_for_the_one_value_entropy():
+    with pytest.deprecated_call(match=r"pass entropy=\('quadrature', 4\) as one value"):
+        old = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="quadrature", entropy_points=4)
+    new = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy=("quadrature", 4))
+    mean_and_std = _inputs((6,))
+    np.testing.assert_array_equal(
+        old((), mean_and_std).regularization_loss, new((), mean_and_std).regularization_loss
+    )
+    with (
+        pytest.deprecated_call(),
+        pytest.raises(ValueError, match=r"entropy='exact' takes no entropy_points, got 4"),
     ):
-        samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy=entropy, entropy_points=4)
+        samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="exact", entropy_points=4)
 
 
 @pytest.mark.parametrize(

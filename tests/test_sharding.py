@@ -58,6 +58,7 @@ def _assert_passed(sharded, name):
     assert passed, f"{name}: {detail}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -71,34 +72,42 @@ def test_named_sharding_under_nnx_jit_is_the_unsharded_run_and_stays_sharded(sha
     _assert_passed(sharded, name)
 
 
+@pytest.mark.slow
 def test_pure_layer_under_jax_jit_with_a_sharded_batch(sharded):
     _assert_passed(sharded, "jax.jit pure layer")
 
 
+@pytest.mark.slow
 def test_nnx_scan_over_time_with_a_sharded_batch(sharded):
     _assert_passed(sharded, "nnx.scan over time")
 
 
+@pytest.mark.slow
 def test_shard_map_scores_stored_pre_images_exactly(sharded):
     _assert_passed(sharded, "shard_map log_prob_from_pre_image")
 
 
+@pytest.mark.slow
 def test_shard_map_with_one_key_draws_the_same_noise_on_every_shard(sharded):
     _assert_passed(sharded, "shard_map sampling with one key")
 
 
+@pytest.mark.slow
 def test_shard_map_with_the_shard_index_folded_in_draws_per_shard_noise(sharded):
     _assert_passed(sharded, "shard_map sampling with folded keys")
 
 
+@pytest.mark.slow
 def test_shard_map_entropy_estimate_with_a_replicated_key(sharded):
     _assert_passed(sharded, "shard_map entropy with one key")
 
 
+@pytest.mark.slow
 def test_shard_map_sampler_with_a_replicated_stream_draws_the_same_noise_per_shard(sharded):
     _assert_passed(sharded, "shard_map module")
 
 
+@pytest.mark.slow
 def test_shard_map_sampler_without_the_varying_axes_check_draws_the_same_noise_per_shard(
     sharded,
 ):
@@ -106,6 +115,7 @@ def test_shard_map_sampler_without_the_varying_axes_check_draws_the_same_noise_p
     _assert_passed(sharded, "shard_map module without the varying-axes check")
 
 
+@pytest.mark.slow
 def test_shard_map_sampler_with_per_env_streams_draws_the_unsharded_noise(sharded):
     _assert_passed(sharded, "shard_map module with per-env streams")
 

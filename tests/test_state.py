@@ -56,6 +56,7 @@ def _assert_identical(expected, actual):
         np.testing.assert_array_equal(actual_leaf, expected_leaf)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tanh", "bounded"])
 def test_orbax_checkpoint_restores_a_sampler_that_continues_the_identical_stream(kind, tmp_path):
     original = _sampler(kind, seed=7)
@@ -78,6 +79,7 @@ def test_orbax_checkpoint_restores_a_sampler_that_continues_the_identical_stream
     assert _count(restored) == _count(original)
 
 
+@pytest.mark.slow
 def test_orbax_restore_with_nnx_update_overwrites_a_differently_seeded_stream(tmp_path):
     original = _sampler("tanh", seed=3)
     original((), _inputs(0))

@@ -26,9 +26,7 @@ distribution in a few states) and ``summary.json`` to ``--out``.
 
 import argparse
 import dataclasses
-import json
 import math
-import pathlib
 import time
 from collections.abc import Sequence
 
@@ -36,20 +34,13 @@ import distrax
 import gymnax
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 import samplers
+from samplers.examples import _common
 
 BIJECTORS = ("tanh-bounds", "tanh", "identity")
-_MAX_TORQUE = 2.0
-# Pendulum observations are (cos, sin, angular velocity in [-8, 8]): bring the
-# velocity to the unit range of the other two so that no input dominates at init.
-_OBS_SCALE = (1.0, 1.0, 1.0 / 8.0)
-# States (angle from upright, angular velocity) whose action distributions are drawn:
-# hanging down at rest, hanging down and swinging, upright at rest.
-_PROBE_STATES = ((math.pi, 0.0), (math.pi, -2.0), (0.0, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,15 +100,11 @@ class ActorCritic(nnx.Module):
 
     def policy(self, obs: jax.Array, pre_image: jax.Array | None = None):
         """The head's output for ``obs``: a fresh sample, or a replay of ``pre_image``."""
-        return self.head((), self.actor(_scaled(obs)), pre_image)
+        return self.head((), self.actor(_common.scaled(obs)), pre_image)
 
     def value(self, obs: jax.Array) -> jax.Array:
         """State values, shape ``obs.shape[:-1]``."""
-        return self.critic(_scaled(obs))[..., 0]
-
-
-def _scaled(obs: jax.Array) -> jax.Array:
-    return obs * jnp.broadcast_to(jnp.asarray(_OBS_SCALE, obs.dtype), obs.shape)
+        return self.critic(_common.scaled(obs))[..., 0]
 
 
 def make_head(bijector: str, entropy_weight: float, rngs: nnx.Rngs):
@@ -142,10 +129,10 @@ def make_head(bijector: str, entropy_weight: float, rngs: nnx.Rngs):
         ('NormalTanhSampler', 2.0)
     """
     if bijector == "tanh-bounds":
-        bounds = samplers.BoundedTanh(-_MAX_TORQUE, _MAX_TORQUE)
+        bounds = samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE)
         return samplers.SquashedNormalSampler(rngs, entropy_weight, bijector=bounds), 1.0
     if bijector == "tanh":
-        return samplers.NormalTanhSampler(rngs, entropy_weight), _MAX_TORQUE
+        return samplers.NormalTanhSampler(rngs, entropy_weight), _common.MAX_TORQUE
     if bijector == "identity":
         identity = distrax.Lambda(lambda x: x)
         return samplers.SquashedNormalSampler(rngs, entropy_weight, bijector=identity), 1.0
@@ -153,7 +140,7 @@ def make_head(bijector: str, entropy_weight: float, rngs: nnx.Rngs):
 
 
 def _to_torque(action: jax.Array, torque_scale: float) -> jax.Array:
-    return jnp.clip(torque_scale * action, -_MAX_TORQUE, _MAX_TORQUE)
+    return jnp.clip(torque_scale * action, -_common.MAX_TORQUE, _common.MAX_TORQUE)
 
 
 def _gae(reward, value, next_value, done, terminated, config: Config):
@@ -320,171 +307,6 @@ def _check(config: Config) -> None:
         )
 
 
-def _episode_returns(act, carry, key, num_episodes: int):
-    """Returns of ``num_episodes`` full episodes of ``act(carry, obs, key) -> (carry, torque)``."""
-    env, env_params = gymnax.make("Pendulum-v1")
-    reset_key, key = jax.random.split(key)
-    reset_keys = jax.random.split(reset_key, num_episodes)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
-
-    def step(state, step_key):
-        carry, env_state, obs, total = state
-        act_key, env_key = jax.random.split(step_key)
-        carry, torque = act(carry, obs, act_key)
-        env_keys = jax.random.split(env_key, num_episodes)
-        obs, env_state, reward, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            env_keys, env_state, torque, env_params
-        )
-        return (carry, env_state, obs, total + reward), None
-
-    steps = jax.random.split(key, env_params.max_steps_in_episode)
-    state = (carry, env_state, obs, jnp.zeros(num_episodes))
-    (_, _, _, total), _ = jax.lax.scan(step, state, steps)
-    return total
-
-
-def evaluate(model: ActorCritic, torque_scale: float, num_episodes: int, key: jax.Array):
-    """Episode returns of the deterministic policy and of a uniformly random one.
-
-    Both run ``num_episodes`` full episodes from the same initial states. The
-    policy acts in ``eval()`` mode, with the torque ``f(mean)``; the random policy
-    draws each torque uniformly from ``[-2, 2]``.
-
-    Returns:
-        ``(deterministic, random)`` returns, two NumPy arrays of shape ``[num_episodes]``.
-    """
-    model.eval()
-    graphdef, state = nnx.split(model)
-    model.train()
-
-    def act_deterministic(state, obs, _):
-        model = nnx.merge(graphdef, state)
-        torque = _to_torque(model.policy(obs).output["action"], torque_scale)
-        return nnx.state(model), torque
-
-    def act_random(carry, obs, key):
-        shape = (*obs.shape[:-1], 1)
-        return carry, jax.random.uniform(key, shape, minval=-_MAX_TORQUE, maxval=_MAX_TORQUE)
-
-    @jax.jit
-    def run(state, key):
-        deterministic = _episode_returns(act_deterministic, state, key, num_episodes)
-        uniform = _episode_returns(act_random, (), key, num_episodes)
-        return deterministic, uniform
-
-    return jax.device_get(run(state, key))
-
-
-def action_distributions(
-    model: ActorCritic, torque_scale: float, *, num_samples: int = 20_000, grid: int = 2_001
-):
-    """Samples and density of the torque the policy takes in each of ``_PROBE_STATES``.
-
-    The samples come from the head in training mode. The density is computed
-    from the head's distribution object on a grid of pre-images ``x`` spanning
-    ``loc +- 6 scale``: the torque is ``torque_scale * f(x)`` and its density is
-    ``exp(log_prob_from_pre_image(x)) / torque_scale``, which stays finite where
-    ``f`` saturates and ``log_prob`` of the action would need ``atanh(+-1)``.
-
-    Returns:
-        A list of dicts with ``state``, ``samples``, ``torque`` (grid), ``density``
-        and ``deterministic`` (the torque ``torque_scale * f(mean)``).
-    """
-    result = []
-    for theta, theta_dot in _PROBE_STATES:
-        obs = jnp.array([math.cos(theta), math.sin(theta), theta_dot])
-        mean_and_std = model.actor(_scaled(obs))
-        sampled = model.head((), jnp.broadcast_to(mean_and_std, (num_samples, 2)))
-        dist = model.head.distribution(jnp.broadcast_to(mean_and_std, (grid, 2)))
-        offsets = jnp.linspace(-6.0, 6.0, grid)[:, None]
-        pre_image = dist.loc + dist.scale * offsets
-        action = jnp.asarray(dist.bijector.forward(pre_image))[:, 0]
-        density = jnp.exp(dist.log_prob_from_pre_image(pre_image)) / torque_scale
-        deterministic = torque_scale * dist.deterministic_action()[0, 0]
-        result.append(
-            {
-                "state": (theta, theta_dot),
-                "samples": np.asarray(torque_scale * sampled.output["action"][:, 0]),
-                "torque": np.asarray(torque_scale * action),
-                "density": np.asarray(density),
-                "deterministic": float(deterministic),
-            }
-        )
-    return result
-
-
-def plot(path: pathlib.Path, summary: dict, distributions: list[dict]) -> None:
-    """Writes the learning curve and the action distributions to a PNG at ``path``.
-
-    Uses matplotlib's object API with the Agg canvas, so it needs no display and
-    leaves pyplot's global state alone.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(16, 4), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 1 + len(distributions), width_ratios=[1.6] + [1] * len(distributions))
-    curve = axes[0]
-    curve.plot(summary["curve_steps"], summary["curve_returns"], color="C0", label="training")
-    curve.axhline(
-        summary["deterministic_return"], color="C2", linestyle="--", label="deterministic, final"
-    )
-    curve.axhline(summary["random_return"], color="C3", linestyle=":", label="uniform random")
-    curve.set_xlabel("environment steps")
-    curve.set_ylabel("return per episode (200 steps)")
-    curve.set_title(f"(a) PPO on Pendulum-v1, {summary['bijector']}")
-    curve.legend(loc="lower right")
-    for ax, dist in zip(axes[1:], distributions, strict=True):
-        samples = dist["samples"]
-        low, high = np.quantile(samples, [0.0005, 0.9995])
-        # Zoom onto the samples: a nearly deterministic policy is a spike at full width.
-        pad = 0.15 * max(high - low, 0.2)
-        ax.set_xlim(low - pad, high + pad)
-        heights, _, _ = ax.hist(
-            samples,
-            bins=60,
-            range=(low, high),
-            density=True,
-            color="C0",
-            alpha=0.5,
-            label="samples",
-        )
-        ax.plot(dist["torque"], dist["density"], color="C1", label="exp(log_prob)")
-        ax.axvline(
-            dist["deterministic"], color="C2", linestyle="--", label="deterministic: f(mean)"
-        )
-        for bound in (-_MAX_TORQUE, _MAX_TORQUE):
-            ax.axvline(bound, color="k", linewidth=1.5)
-        # A squashing that saturates piles density against a bound; keep the bulk readable.
-        ax.set_ylim(0, 1.3 * max(heights.max(), 1e-3))
-        theta, theta_dot = dist["state"]
-        ax.set_title(f"angle {math.degrees(theta):.0f} deg, velocity {theta_dot:+.1f} rad/s")
-        ax.set_xlabel("torque (black: bounds)")
-        ax.xaxis.set_major_locator(MaxNLocator(5))
-    axes[1].set_ylabel("(b) density of the learned action")
-    axes[1].legend(loc="best", fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-
-
-def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("PPO"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("steps"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[rate]} steps/s"),
-        TextColumn("return {task.fields[ret]}"),
-        TextColumn("std {task.fields[std]}"),
-        disable=not enabled,
-    )
-
-
 def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float, dict]:
     """Trains the actor-critic for ``config.total_steps`` environment steps.
 
@@ -516,98 +338,71 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float,
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
 
-    env, env_params = gymnax.make("Pendulum-v1")
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(env_key, config.num_envs), env_params
-    )
+    obs, env_state = _common.reset(env_key, config.num_envs)
     runner = (env_state, obs, runner_key, jnp.zeros(config.num_envs))
-
-    start = time.perf_counter()
-    train_step = make_train_step(config, graphdef, torque_scale).lower(state, runner).compile()
-    compile_s = time.perf_counter() - start
-
-    curve_steps, curve_returns, ratio_error, metrics = [], [], 0.0, {}
-    last_return, sigma = float("nan"), float("nan")
-    start = time.perf_counter()
-    with _progress(progress) as bar:
-        task = bar.add_task("", total=iterations * steps_per_iteration, rate="-", ret="-", std="-")
-        for iteration in range(iterations):
-            state, runner, metrics = train_step(state, runner)
-            metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            steps = (iteration + 1) * steps_per_iteration
-            ratio_error = max(ratio_error, metrics["replay_ratio_error"])
-            sigma = metrics["sigma"]
-            if metrics["episodes"]:
-                last_return = metrics["return_sum"] / metrics["episodes"]
-                curve_steps.append(steps)
-                curve_returns.append(last_return)
-            rate = steps / (time.perf_counter() - start)
-            bar.update(
-                task,
-                completed=steps,
-                rate=f"{rate:,.0f}",
-                ret="-" if math.isnan(last_return) else f"{last_return:7.1f}",
-                std=f"{sigma:.3f}",
-            )
-    train_s = time.perf_counter() - start
-    model, _ = nnx.merge(graphdef, state)
+    run = _common.run(
+        make_train_step(config, graphdef, torque_scale),
+        state,
+        runner,
+        calls=iterations,
+        steps_per_call=steps_per_iteration,
+        label="PPO",
+        column=("std", lambda metrics: f"{metrics['sigma']:.3f}"),
+        progress=progress,
+    )
+    model, _ = nnx.merge(graphdef, run.state)
     log = {
         "steps": iterations * steps_per_iteration,
         "iterations": iterations,
-        "curve_steps": curve_steps,
-        "curve_returns": curve_returns,
-        "replay_ratio_error": ratio_error,
-        "final_sigma": sigma,
-        "compile_s": compile_s,
-        "train_s": train_s,
-        "steps_per_second": iterations * steps_per_iteration / train_s,
-        "last_iteration": metrics,
+        "curve_steps": run.curve_steps,
+        "curve_returns": run.curve_returns,
+        # A NaN error must not hide behind the maximum (max(0.0, nan) is 0.0).
+        "replay_ratio_error": math.nan
+        if any(math.isnan(m["replay_ratio_error"]) for m in run.history)
+        else max(0.0, *(m["replay_ratio_error"] for m in run.history)),
+        "final_sigma": run.history[-1]["sigma"],
+        "compile_s": run.compile_s,
+        "train_s": run.train_s,
+        "steps_per_second": iterations * steps_per_iteration / run.train_s,
+        "last_iteration": run.history[-1],
     }
     return model, torque_scale, log
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """The config a command line asks for, and its other arguments.
+
+    Args:
+        argv: Command-line arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        ``(config, args)``: ``args.out`` is the output folder and
+        ``args.no_progress`` hides the progress bar.
+    """
     defaults = Config()
-    parser = argparse.ArgumentParser(
+    return _common.command_line(
+        argv,
+        defaults,
         prog="python -m samplers.examples.pendulum",
         description="Train PPO on gymnax Pendulum-v1 with a samplers policy head. The "
         "progress bar shows the mean return of the episodes that ended in the last "
         "iteration and the mean std of the policy's Normal (before squashing).",
+        flags={
+            "--rollout-length": dict(
+                type=int,
+                default=defaults.rollout_length,
+                help="steps per environment between updates",
+            ),
+            "--bijector": dict(
+                choices=BIJECTORS,
+                default=defaults.bijector,
+                help="tanh-bounds: BoundedTanh(-2, 2); tanh: tanh, torque = 2 * action; "
+                "identity: no squashing, torque = clip(action, -2, 2)",
+            ),
+        },
+        out="pendulum-results",
+        figure="pendulum.png",
     )
-    parser.add_argument(
-        "--total-steps", type=int, default=defaults.total_steps, help="environment steps to train"
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--num-envs", type=int, default=defaults.num_envs, help="environments run in parallel"
-    )
-    parser.add_argument(
-        "--rollout-length",
-        type=int,
-        default=defaults.rollout_length,
-        help="steps per environment between updates",
-    )
-    parser.add_argument(
-        "--bijector",
-        choices=BIJECTORS,
-        default=defaults.bijector,
-        help="tanh-bounds: BoundedTanh(-2, 2); tanh: tanh, torque = 2 * action; "
-        "identity: no squashing, torque = clip(action, -2, 2)",
-    )
-    parser.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=defaults.eval_episodes,
-        help="episodes for the final deterministic-vs-random evaluation",
-    )
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=pathlib.Path("pendulum-results"),
-        help="folder for pendulum.png and summary.json",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -619,52 +414,35 @@ def main(argv: Sequence[str] | None = None) -> dict:
     Returns:
         The summary written to ``summary.json``.
     """
-    args = _parse(argv)
-    config = Config(
-        total_steps=args.total_steps,
-        seed=args.seed,
-        num_envs=args.num_envs,
-        rollout_length=args.rollout_length,
-        bijector=args.bijector,
-        eval_episodes=args.eval_episodes,
-    )
+    config, args = parse_args(argv)
     start = time.perf_counter()
     model, torque_scale, log = train(config, progress=not args.no_progress)
-    eval_key = jax.random.fold_in(jax.random.key(config.seed), 1)
-    deterministic, uniform = evaluate(model, torque_scale, config.eval_episodes, eval_key)
+
+    def torque(model: ActorCritic, obs: jax.Array) -> jax.Array:
+        return _to_torque(model.policy(obs).output["action"], torque_scale)
+
     summary = {
         "config": dataclasses.asdict(config),
         "bijector": config.bijector,
-        "deterministic_return": float(deterministic.mean()),
-        "deterministic_return_std": float(deterministic.std()),
-        "random_return": float(uniform.mean()),
-        "random_return_std": float(uniform.std()),
+        **_common.evaluate(model, torque, num_episodes=config.eval_episodes, seed=config.seed),
         **log,
+        "steps_to_minus_200": _common.first_step_at(log, -200.0),
     }
     figure = args.out / "pendulum.png"
-    plot(figure, summary, action_distributions(model, torque_scale))
-    reached = [
-        s for s, r in zip(log["curve_steps"], log["curve_returns"], strict=True) if r >= -200
-    ]
-    summary["steps_to_minus_200"] = reached[0] if reached else None
-    summary["wall_s"] = time.perf_counter() - start
-    summary["figure"] = str(figure)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-
-    episodes = config.eval_episodes
-    print(
-        f"Pendulum-v1, {config.bijector}, {log['steps']:,} steps, seed {config.seed}\n"
-        f"  deterministic policy: {summary['deterministic_return']:8.1f} "
-        f"+- {summary['deterministic_return_std']:.1f} per episode ({episodes} episodes)\n"
-        f"  uniform random:       {summary['random_return']:8.1f} "
-        f"+- {summary['random_return_std']:.1f} per episode (same initial states)\n"
-        f"  wall time {summary['wall_s']:.1f} s (compile {log['compile_s']:.1f} s), "
-        f"{log['steps_per_second']:,.0f} steps/s while training\n"
-        f"  training episodes first averaged >= -200 after "
-        f"{'-' if reached == [] else f'{reached[0]:,}'} steps\n"
-        f"  replay ratio before the first update: max |ratio - 1| = "
-        f"{log['replay_ratio_error']:.1e}\n"
-        f"  wrote {figure} and {args.out / 'summary.json'}"
+    distributions = _common.action_distributions(model.actor, model.head, torque_scale)
+    _common.plot(figure, summary, distributions, title=f"(a) PPO on Pendulum-v1, {config.bijector}")
+    reached = summary["steps_to_minus_200"]
+    _common.finish(
+        summary,
+        figure,
+        start,
+        header=f"Pendulum-v1, {config.bijector}, {log['steps']:,} steps, seed {config.seed}",
+        details=[
+            "training episodes first averaged >= -200 after "
+            f"{'-' if reached is None else f'{reached:,}'} steps",
+            "replay ratio before the first update: max |ratio - 1| = "
+            f"{log['replay_ratio_error']:.1e}",
+        ],
     )
     return summary
 

@@ -41,28 +41,18 @@ distribution in a few states) and ``summary.json`` to ``--out``.
 
 import argparse
 import dataclasses
-import json
 import math
-import pathlib
 import time
 from collections.abc import Sequence
 
 import gymnax
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 import samplers
-
-_MAX_TORQUE = 2.0
-# Observations are (cos, sin, angular velocity in [-8, 8]) and the torque lies in
-# [-2, 2]: both come to unit range before they enter a network.
-_OBS_SCALE = (1.0, 1.0, 1.0 / 8.0)
-# States (angle from upright, angular velocity) whose action distributions are drawn:
-# hanging down at rest, hanging down and swinging, upright at rest.
-_PROBE_STATES = ((math.pi, 0.0), (math.pi, -2.0), (0.0, 0.0))
+from samplers.examples import _common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +96,6 @@ def _mlp(inputs: int, outputs: int, hidden: int, rngs: nnx.Rngs) -> nnx.Sequenti
     )
 
 
-def _scaled(obs: jax.Array) -> jax.Array:
-    return obs * jnp.broadcast_to(jnp.asarray(_OBS_SCALE, obs.dtype), obs.shape)
-
-
 class Actor(nnx.Module):
     """An MLP for ``[mean | raw_std]`` and the reparameterised sampler as its last layer.
 
@@ -132,13 +118,13 @@ class Actor(nnx.Module):
         self.head = samplers.SquashedNormalSampler(
             head_rngs,
             entropy_weight=0.0,
-            bijector=samplers.BoundedTanh(-_MAX_TORQUE, _MAX_TORQUE),
+            bijector=samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE),
             reparameterized=True,
         )
 
     def __call__(self, obs: jax.Array) -> samplers.StatefulModuleOutput:
         """The head's output for ``obs``: a fresh torque, or ``f(mean)`` after ``eval()``."""
-        return self.head((), self.torso(_scaled(obs)))
+        return self.head((), self.torso(_common.scaled(obs)))
 
 
 class TwinCritic(nnx.Module):
@@ -155,7 +141,8 @@ class TwinCritic(nnx.Module):
 
     def __call__(self, obs: jax.Array, torque: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Both Q-values, each of shape ``obs.shape[:-1]``."""
-        inputs = jnp.concatenate([_scaled(obs), torque / _MAX_TORQUE], axis=-1)
+        # The torque, like the observation, comes to unit range before it enters a network.
+        inputs = jnp.concatenate([_common.scaled(obs), torque / _common.MAX_TORQUE], axis=-1)
         return self.q1(inputs)[..., 0], self.q2(inputs)[..., 0]
 
 
@@ -298,7 +285,7 @@ def make_train_step(config: Config, graphdef):
         key, random_key, env_key, update_key = jax.random.split(key, 4)
         policy_torque = models[0](obs).output["action"]
         random_torque = jax.random.uniform(
-            random_key, policy_torque.shape, minval=-_MAX_TORQUE, maxval=_MAX_TORQUE
+            random_key, policy_torque.shape, minval=-_common.MAX_TORQUE, maxval=_common.MAX_TORQUE
         )
         torque = jnp.where(steps < config.warmup_steps, random_torque, policy_torque)
         next_obs, env_state, reward, _, _, info = step_envs(
@@ -341,154 +328,6 @@ def _check(config: Config) -> None:
         )
 
 
-def evaluate(actor: Actor, num_episodes: int, key: jax.Array):
-    """Episode returns of the deterministic policy and of a uniformly random one.
-
-    Both run ``num_episodes`` full episodes from the same initial states (the
-    same reset keys). The actor acts in ``eval()`` mode, with the torque
-    ``f(mean)``; the random policy draws each torque uniformly from ``[-2, 2]``.
-
-    Returns:
-        ``(deterministic, random)`` returns, two NumPy arrays of shape ``[num_episodes]``.
-    """
-    env, env_params = gymnax.make("Pendulum-v1")
-    actor.eval()
-    graphdef, state = nnx.split(actor)
-    actor.train()
-
-    def episode_returns(act, carry, key):
-        reset_key, key = jax.random.split(key)
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-            jax.random.split(reset_key, num_episodes), env_params
-        )
-
-        def step(loop, step_key):
-            carry, env_state, obs, total = loop
-            act_key, env_key = jax.random.split(step_key)
-            carry, torque = act(carry, obs, act_key)
-            obs, env_state, reward, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(env_key, num_episodes), env_state, torque, env_params
-            )
-            return (carry, env_state, obs, total + reward), None
-
-        keys = jax.random.split(key, env_params.max_steps_in_episode)
-        loop = (carry, env_state, obs, jnp.zeros(num_episodes))
-        (_, _, _, total), _ = jax.lax.scan(step, loop, keys)
-        return total
-
-    def act_deterministic(state, obs, _):
-        actor = nnx.merge(graphdef, state)
-        torque = actor(obs).output["action"]
-        return nnx.state(actor), torque
-
-    def act_random(carry, obs, key):
-        shape = (*obs.shape[:-1], 1)
-        return carry, jax.random.uniform(key, shape, minval=-_MAX_TORQUE, maxval=_MAX_TORQUE)
-
-    @jax.jit
-    def run(state, key):
-        deterministic = episode_returns(act_deterministic, state, key)
-        return deterministic, episode_returns(act_random, (), key)
-
-    return jax.device_get(run(state, key))
-
-
-def action_distributions(actor: Actor, *, num_samples: int = 20_000, grid: int = 2_001):
-    """Sampled torques and their density in each of ``_PROBE_STATES``.
-
-    The samples come from the head in training mode. The density comes from the
-    head's distribution object on a grid of pre-images ``x`` spanning
-    ``loc +- 6 scale``: the torque is ``f(x)`` and its density
-    ``exp(log_prob_from_pre_image(x))``, finite also where ``f`` saturates.
-
-    Returns:
-        A list of dicts with ``state``, ``samples``, ``torque`` (grid), ``density``
-        and ``deterministic`` (the torque ``f(mean)``).
-    """
-    result = []
-    for theta, theta_dot in _PROBE_STATES:
-        obs = jnp.array([math.cos(theta), math.sin(theta), theta_dot])
-        mean_and_std = actor.torso(_scaled(obs))
-        sampled = actor.head((), jnp.broadcast_to(mean_and_std, (num_samples, 2)))
-        dist = actor.head.distribution(jnp.broadcast_to(mean_and_std, (grid, 2)))
-        pre_image = dist.loc + dist.scale * jnp.linspace(-6.0, 6.0, grid)[:, None]
-        result.append(
-            {
-                "state": (theta, theta_dot),
-                "samples": np.asarray(sampled.output["action"][:, 0]),
-                "torque": np.asarray(jnp.asarray(dist.bijector.forward(pre_image))[:, 0]),
-                "density": np.asarray(jnp.exp(dist.log_prob_from_pre_image(pre_image))),
-                "deterministic": float(dist.deterministic_action()[0, 0]),
-            }
-        )
-    return result
-
-
-def plot(path: pathlib.Path, summary: dict, distributions: list[dict]) -> None:
-    """Writes the learning curve and the action distributions to a PNG at ``path``.
-
-    Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(16, 4), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 1 + len(distributions), width_ratios=[1.6] + [1] * len(distributions))
-    curve = axes[0]
-    curve.plot(summary["curve_steps"], summary["curve_returns"], color="C0", label="training")
-    curve.axhline(
-        summary["deterministic_return"], color="C2", linestyle="--", label="deterministic, final"
-    )
-    curve.axhline(summary["random_return"], color="C3", linestyle=":", label="uniform random")
-    curve.axvline(summary["config"]["warmup_steps"], color="0.6", linewidth=1, label="warm-up end")
-    curve.set_xlabel("environment steps")
-    curve.set_ylabel("return per episode (200 steps)")
-    curve.set_title("(a) SAC on Pendulum-v1, BoundedTanh(-2, 2)")
-    curve.legend(loc="lower right")
-    for ax, dist in zip(axes[1:], distributions, strict=True):
-        samples = dist["samples"]
-        low, high = np.quantile(samples, [0.0005, 0.9995])
-        # Zoom onto the samples: a nearly deterministic policy is a spike at full width.
-        pad = 0.15 * max(high - low, 0.2)
-        ax.set_xlim(low - pad, high + pad)
-        heights, _, _ = ax.hist(
-            samples, bins=60, range=(low, high), density=True, alpha=0.5, label="samples"
-        )
-        ax.plot(dist["torque"], dist["density"], color="C1", label="exp(log_prob)")
-        ax.axvline(
-            dist["deterministic"], color="C2", linestyle="--", label="deterministic: f(mean)"
-        )
-        for bound in (-_MAX_TORQUE, _MAX_TORQUE):
-            ax.axvline(bound, color="k", linewidth=1.5)
-        ax.set_ylim(0, 1.3 * max(heights.max(), 1e-3))
-        theta, theta_dot = dist["state"]
-        ax.set_title(f"angle {math.degrees(theta):.0f} deg, velocity {theta_dot:+.1f} rad/s")
-        ax.set_xlabel("torque (black: bounds)")
-        ax.xaxis.set_major_locator(MaxNLocator(5))
-    axes[1].set_ylabel("(b) density of the learned action")
-    axes[1].legend(loc="best", fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-
-
-def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("SAC"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("steps"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[rate]} steps/s"),
-        TextColumn("return {task.fields[ret]}"),
-        TextColumn("alpha {task.fields[alpha]}"),
-        disable=not enabled,
-    )
-
-
 def train(config: Config, *, progress: bool = True) -> tuple[Actor, dict]:
     """Trains SAC for ``config.total_steps`` environment steps.
 
@@ -515,109 +354,80 @@ def train(config: Config, *, progress: bool = True) -> tuple[Actor, dict]:
     ]
     graphdef, state = nnx.split((actor, critic, target, temperature, *optimizers))
 
-    env, env_params = gymnax.make("Pendulum-v1")
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(env_key, config.num_envs), env_params
-    )
+    obs, env_state = _common.reset(env_key, config.num_envs)
     buffer = _buffer(config.buffer_size)
     runner = (buffer, env_state, obs, runner_key, jnp.zeros(config.num_envs), jnp.int32(0))
 
+    def show_alpha(metrics: dict[str, float]) -> str:
+        return "-" if math.isnan(metrics["alpha"]) else f"{metrics['alpha']:.3f}"
+
     steps_per_call = config.num_envs * config.steps_per_call
     calls = max(1, config.total_steps // steps_per_call)
-    start = time.perf_counter()
-    train_step = make_train_step(config, graphdef).lower(state, runner).compile()
-    compile_s = time.perf_counter() - start
-
-    curve_steps, curve_returns, metrics = [], [], {}
-    last_return = float("nan")
-    start = time.perf_counter()
-    with _progress(progress) as bar:
-        task = bar.add_task("", total=calls * steps_per_call, rate="-", ret="-", alpha="-")
-        for call in range(calls):
-            state, runner, metrics = train_step(state, runner)
-            metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            steps = (call + 1) * steps_per_call
-            if metrics["episodes"]:
-                last_return = metrics["return_sum"] / metrics["episodes"]
-                curve_steps.append(steps)
-                curve_returns.append(last_return)
-            bar.update(
-                task,
-                completed=steps,
-                rate=f"{steps / (time.perf_counter() - start):,.0f}",
-                ret="-" if math.isnan(last_return) else f"{last_return:7.1f}",
-                alpha="-" if math.isnan(metrics["alpha"]) else f"{metrics['alpha']:.3f}",
-            )
-    train_s = time.perf_counter() - start
-    actor = nnx.merge(graphdef, state)[0]
+    run = _common.run(
+        make_train_step(config, graphdef),
+        state,
+        runner,
+        calls=calls,
+        steps_per_call=steps_per_call,
+        label="SAC",
+        column=("alpha", show_alpha),
+        progress=progress,
+    )
+    actor = nnx.merge(graphdef, run.state)[0]
     log = {
         "steps": calls * steps_per_call,
         "calls": calls,
         "updates": max(0, calls * config.steps_per_call - config.warmup_steps // config.num_envs)
         * config.updates_per_step,
-        "curve_steps": curve_steps,
-        "curve_returns": curve_returns,
-        "compile_s": compile_s,
-        "train_s": train_s,
-        "steps_per_second": calls * steps_per_call / train_s,
-        "last_update": {name: metrics[name] for name in _METRICS},
+        "curve_steps": run.curve_steps,
+        "curve_returns": run.curve_returns,
+        "compile_s": run.compile_s,
+        "train_s": run.train_s,
+        "steps_per_second": calls * steps_per_call / run.train_s,
+        "last_update": {name: run.history[-1][name] for name in _METRICS},
     }
     return actor, log
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """The config a command line asks for, and its other arguments.
+
+    Args:
+        argv: Command-line arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        ``(config, args)``: ``args.out`` is the output folder and
+        ``args.no_progress`` hides the progress bar.
+    """
     defaults = Config()
-    parser = argparse.ArgumentParser(
+    return _common.command_line(
+        argv,
+        defaults,
         prog="python -m samplers.examples.pendulum_sac",
         description="Train SAC on gymnax Pendulum-v1 with a reparameterised samplers "
         "policy head. The progress bar shows the mean return of the training episodes "
         "that ended in the last call and the temperature alpha.",
+        flags={
+            "--steps-per-call": dict(
+                type=int,
+                default=defaults.steps_per_call,
+                help="steps of every environment per jitted call",
+            ),
+            "--updates-per-step": dict(
+                type=int,
+                default=defaults.updates_per_step,
+                help="gradient updates after each step of all environments",
+            ),
+            "--warmup-steps": dict(
+                type=int,
+                default=defaults.warmup_steps,
+                help="environment steps with uniformly random torques before the first update",
+            ),
+            "--hidden": dict(type=int, default=defaults.hidden, help="MLP width"),
+        },
+        out="pendulum-sac-results",
+        figure="pendulum_sac.png",
     )
-    parser.add_argument(
-        "--total-steps", type=int, default=defaults.total_steps, help="environment steps to train"
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--num-envs", type=int, default=defaults.num_envs, help="environments run in parallel"
-    )
-    parser.add_argument(
-        "--steps-per-call",
-        type=int,
-        default=defaults.steps_per_call,
-        help="steps of every environment per jitted call",
-    )
-    parser.add_argument(
-        "--updates-per-step",
-        type=int,
-        default=defaults.updates_per_step,
-        help="gradient updates after each step of all environments",
-    )
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=defaults.warmup_steps,
-        help="environment steps with uniformly random torques before the first update",
-    )
-    parser.add_argument("--hidden", type=int, default=defaults.hidden, help="MLP width")
-    parser.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=defaults.eval_episodes,
-        help="episodes for the final deterministic-vs-random evaluation",
-    )
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=pathlib.Path("pendulum-sac-results"),
-        help="folder for pendulum_sac.png and summary.json",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser.parse_args(argv)
-
-
-def _first_step_at(log: dict, threshold: float) -> int | None:
-    pairs = zip(log["curve_steps"], log["curve_returns"], strict=True)
-    return next((steps for steps, ret in pairs if ret >= threshold), None)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -629,57 +439,46 @@ def main(argv: Sequence[str] | None = None) -> dict:
     Returns:
         The summary written to ``summary.json``.
     """
-    args = _parse(argv)
-    config = Config(
-        total_steps=args.total_steps,
-        seed=args.seed,
-        num_envs=args.num_envs,
-        steps_per_call=args.steps_per_call,
-        updates_per_step=args.updates_per_step,
-        warmup_steps=args.warmup_steps,
-        hidden=args.hidden,
-        eval_episodes=args.eval_episodes,
-    )
+    config, args = parse_args(argv)
     start = time.perf_counter()
     actor, log = train(config, progress=not args.no_progress)
-    eval_key = jax.random.fold_in(jax.random.key(config.seed), 1)
-    deterministic, uniform = evaluate(actor, config.eval_episodes, eval_key)
+
+    def torque(actor: Actor, obs: jax.Array) -> jax.Array:
+        return actor(obs).output["action"]
+
     summary = {
         "config": dataclasses.asdict(config),
-        "deterministic_return": float(deterministic.mean()),
-        "deterministic_return_std": float(deterministic.std()),
-        "random_return": float(uniform.mean()),
-        "random_return_std": float(uniform.std()),
+        **_common.evaluate(actor, torque, num_episodes=config.eval_episodes, seed=config.seed),
         **log,
-        "steps_to_minus_250": _first_step_at(log, -250.0),
-        "steps_to_minus_200": _first_step_at(log, -200.0),
+        "steps_to_minus_250": _common.first_step_at(log, -250.0),
+        "steps_to_minus_200": _common.first_step_at(log, -200.0),
     }
     figure = args.out / "pendulum_sac.png"
-    plot(figure, summary, action_distributions(actor))
-    summary["wall_s"] = time.perf_counter() - start
-    summary["figure"] = str(figure)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _common.plot(
+        figure,
+        summary,
+        _common.action_distributions(actor.torso, actor.head),
+        title="(a) SAC on Pendulum-v1, BoundedTanh(-2, 2)",
+        warmup_steps=config.warmup_steps,
+    )
 
     def reached(threshold):
         steps = summary[f"steps_to_minus_{threshold}"]
         return "-" if steps is None else f"{steps:,}"
 
     last = log["last_update"]
-    print(
-        f"Pendulum-v1, SAC, {log['steps']:,} steps ({log['updates']:,} updates), "
-        f"seed {config.seed}\n"
-        f"  deterministic policy: {summary['deterministic_return']:8.1f} "
-        f"+- {summary['deterministic_return_std']:.1f} per episode ({config.eval_episodes} "
-        f"episodes)\n"
-        f"  uniform random:       {summary['random_return']:8.1f} "
-        f"+- {summary['random_return_std']:.1f} per episode (same initial states)\n"
-        f"  wall time {summary['wall_s']:.1f} s (compile {log['compile_s']:.1f} s), "
-        f"{log['steps_per_second']:,.0f} steps/s while training\n"
-        f"  training episodes first averaged >= -250 after {reached(250)} steps, "
-        f">= -200 after {reached(200)}\n"
-        f"  last update: alpha {last['alpha']:.3g}, entropy {last['entropy']:.2f}, "
-        f"critic loss {last['critic_loss']:.3g}, actor loss {last['actor_loss']:.3g}\n"
-        f"  wrote {figure} and {args.out / 'summary.json'}"
+    _common.finish(
+        summary,
+        figure,
+        start,
+        header=f"Pendulum-v1, SAC, {log['steps']:,} steps ({log['updates']:,} updates), "
+        f"seed {config.seed}",
+        details=[
+            f"training episodes first averaged >= -250 after {reached(250)} steps, "
+            f">= -200 after {reached(200)}",
+            f"last update: alpha {last['alpha']:.3g}, entropy {last['entropy']:.2f}, "
+            f"critic loss {last['critic_loss']:.3g}, actor loss {last['actor_loss']:.3g}",
+        ],
     )
     return summary
 

@@ -2,8 +2,8 @@
 
 Saturation and distance to the bounds show when a policy pushes its actions into
 the corners where float32 ``tanh`` loses information; the PPO ratio statistics
-show how far an update moved the policy; :func:`kl_divergence` is the closed form
-for two policies that share a squashing.
+show how far an update moved the policy (the exact KL of two policies is
+``SquashedNormal.kl_divergence``).
 """
 
 import distrax
@@ -12,8 +12,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
 from samplers._numerics import k3
-from samplers.bijectors import bijector_name, squashing
-from samplers.distributions import SquashedNormal
+from samplers.distributions.bijectors import bijector_name, squashing
+from samplers.distributions.squashed_normal import SquashedNormal
 
 
 def saturation_fraction(
@@ -45,7 +45,7 @@ def saturation_fraction(
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from samplers.diagnostics import saturation_fraction
+        >>> from samplers.distributions.diagnostics import saturation_fraction
         >>> saturation_fraction(jnp.array([0.5, -3.0, 8.5, -20.0]))
         Array(0.5, dtype=float32)
     """
@@ -90,7 +90,7 @@ def bound_distance(
 
     Example:
         >>> import jax.numpy as jnp, samplers
-        >>> from samplers.diagnostics import bound_distance
+        >>> from samplers.distributions.diagnostics import bound_distance
         >>> bound_distance(samplers.BoundedTanh(0.0, 2.0), jnp.array([[0.5, 1.9], [1.0, 1.0]]))
         Array([0.1, 1. ], dtype=float32)
     """
@@ -152,7 +152,7 @@ def ppo_log_ratio_stats(
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from samplers.diagnostics import ppo_log_ratio_stats
+        >>> from samplers.distributions.diagnostics import ppo_log_ratio_stats
         >>> stats = ppo_log_ratio_stats(jnp.log(jnp.array([1.0, 1.5])), jnp.zeros(2))
         >>> stats["clip_fraction"], stats["ratio_deviation_max"]
         (Array(0.5, dtype=float32), Array(0.5, dtype=float32))
@@ -177,36 +177,3 @@ def ppo_log_ratio_stats(
         "ratio_deviation_mean": jnp.mean(deviation),
         "ratio_deviation_max": jnp.max(deviation),
     }
-
-
-def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"]:
-    """``KL(p || q)`` of two squashed Normals that share their bijector: ``p.kl_divergence(q)``.
-
-    The exact KL registered for :class:`SquashedNormal` (see
-    :meth:`SquashedNormal.kl_divergence`), with a type check of both arguments.
-
-    Args:
-        p: A :class:`SquashedNormal`.
-        q: A :class:`SquashedNormal` with the same bijector and action size;
-            batch shapes broadcast.
-
-    Returns:
-        ``KL(p || q)`` in nats, shape the broadcast batch shape.
-
-    Raises:
-        TypeError: ``p`` or ``q`` is not a ``SquashedNormal``.
-        ValueError: the bijectors differ, or cannot be shown to be the same, or
-            the action sizes or batch shapes do not match.
-
-    Example:
-        >>> import jax.numpy as jnp, samplers
-        >>> from samplers.diagnostics import kl_divergence
-        >>> p = samplers.SquashedNormal(jnp.zeros(2), jnp.ones(2), samplers.Tanh())
-        >>> q = samplers.SquashedNormal(jnp.ones(2), jnp.ones(2), samplers.Tanh())
-        >>> kl_divergence(p, q)
-        Array(1., dtype=float32)
-    """
-    for name, dist in (("p", p), ("q", q)):
-        if not isinstance(dist, SquashedNormal):
-            raise TypeError(f"{name} must be a samplers.SquashedNormal, got {type(dist).__name__}.")
-    return p.kl_divergence(q)

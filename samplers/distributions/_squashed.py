@@ -1,10 +1,9 @@
-"""The maths of a squashed Normal on arrays, shared by distributions, inverse and mode.
+"""The maths of a squashed Normal on arrays, behind ``SquashedNormal``'s methods.
 
-Everything here takes arrays and a :class:`samplers.bijectors.Squashing` (the bounds
-``y = center + half_range * tanh(x / k)``), never a distribution object, so that
-``distributions.py``, ``inverse.py`` and ``mode.py`` can all import it: the
+Everything here takes arrays and a :class:`samplers.Squashing` (the bounds of
+``y = center + half_range * tanh(x / k)``), never a distribution object: the
 log-density and the CDF of an action computed from its distances to the bounds,
-the pre-image of the mode, the mean and variance by quadrature, and the
+the pre-image of the mode, the mean, variance and entropy by quadrature, and the
 custom-derivative kernels of the pre-image paths.
 """
 
@@ -16,7 +15,7 @@ import numpy as np
 from jax.scipy import special
 
 from samplers._numerics import HALF_LOG_2PI, log_ndtr, tanh, tanh_log_det
-from samplers.bijectors import Squashing
+from samplers.distributions.bijectors import Squashing
 
 
 def valid_parameters(loc, scale):
@@ -55,14 +54,15 @@ def forward(bounds: Squashing, pre_image, action):
     ``center + half_range * tanh(pre_image / k)`` with :func:`samplers._numerics.tanh`,
     positive where float32 ``f(x)`` rounds onto a bound (autodiff of the bijector
     gives 0 there, and ``BoundedTanh``'s clip halves a gradient on the bound). For
-    sigmoid (``k = 2``) the value is ``jax.nn.sigmoid(pre_image)``.
+    ``k = 2`` the value is ``low + (high - low) * jax.nn.sigmoid(pre_image)``.
     """
     low, high, half_range = _bounds_like(bounds, action)
     k = bounds.pre_image_scale
     if k == 2.0:
-        # The logistic map itself: distrax.Sigmoid's forward loses relative accuracy
-        # below x ~ -9, where it switches to exp(x).
-        action = jax.nn.sigmoid(pre_image)
+        # The logistic map itself (low + (high - low) * sigmoid, exactly sigmoid on
+        # [0, 1]): distrax.Sigmoid's forward loses relative accuracy below x ~ -9,
+        # where it switches to exp(x).
+        action = jnp.clip(low + (high - low) * jax.nn.sigmoid(pre_image), low, high)
     smooth = (low + high) / 2 + half_range * tanh(pre_image / k)
     return jax.lax.stop_gradient(action) + (smooth - jax.lax.stop_gradient(smooth))
 
@@ -177,7 +177,7 @@ _BISECTION_STEPS = 64
 def mode_pre_image(loc, scale, k: float):
     """The ``x`` that maximises ``log p(f(x))``, per dimension, gradients stopped.
 
-    See :func:`samplers.mode_pre_image` for the method: the largest root of
+    The method (derived on the guarantees page): the largest root of
     ``t = |m| + 2 s**2 tanh(t)`` (``t = x / k``, ``m = loc / k``, ``s = scale / k``)
     by bisection, with the sign of ``loc``.
     """

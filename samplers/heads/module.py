@@ -59,15 +59,3 @@ class StatefulModule(nnx.Module, abc.ABC):
     @abc.abstractmethod
     def reset_state(self, prev_state: Any) -> Any:
         """Returns the carry state after an episode boundary, given the last one."""
-
-
-class Static:
-    """Keeps a value out of a module's state: nnx treats it as static configuration.
-
-    Bounds and other bijector parameters are settings, like ``min_std``; held as
-    state they would block ``nnx.update`` (distrax bijectors are immutable pytrees).
-    Compared by identity, so ``nnx.jit`` traces once per sampler.
-    """
-
-    def __init__(self, value):
-        self.value = value

@@ -15,8 +15,9 @@ from flax import nnx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
-from samplers.sampler import ActionSampler
-from samplers.types import StatefulModuleOutput, Static
+from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.module import StatefulModuleOutput
+from samplers.heads.static import Static
 
 
 class DistributionSampler(ActionSampler):
@@ -47,8 +48,8 @@ class DistributionSampler(ActionSampler):
     ``-inf`` logits, as action masks use, are a valid Categorical.
 
     Args:
-        rng: The ``nnx.Rngs`` to draw from (or ``rngs=``); the sampler keeps and
-            advances it.
+        rngs: The ``nnx.Rngs`` to draw from (positional or ``rngs=``), or one
+            ``nnx.RngStream`` of it; the sampler keeps and advances it.
         entropy_weight: Weight of the entropy bonus, finite (required).
         make_distribution: ``params -> distrax.Distribution``, a pure function of
             the network output.
@@ -57,13 +58,13 @@ class DistributionSampler(ActionSampler):
             element then samples ``make_distribution(params[i])`` with its own
             key, so ``make_distribution`` must also accept one element's
             parameters.
-        rngs: The ``nnx.Rngs``, as flax's keyword; give it or ``rng``.
         rng_collection: The stream keys are drawn from, falling back to
             ``default``; see :class:`samplers.ActionSampler`.
 
     Raises:
-        TypeError: ``rng`` is not an ``nnx.Rngs``, ``make_distribution`` is not
-            callable or returns something other than a distrax distribution.
+        TypeError: ``rngs`` is not an ``nnx.Rngs`` or ``nnx.RngStream``,
+            ``make_distribution`` is not callable or returns something other than
+            a distrax distribution.
         ValueError: (when called) the distribution's batch shape is not the
             params' batch shape (all but their last axis), e.g. a
             ``distrax.Normal`` over the action axis not wrapped in
@@ -83,25 +84,22 @@ class DistributionSampler(ActionSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs | None = None,
+        rngs: nnx.Rngs | nnx.RngStream | None = None,
         entropy_weight: float | None = None,
         make_distribution: Callable[[Array], distrax.Distribution] | None = None,
         *,
         per_env_streams: bool = False,
-        rngs: nnx.Rngs | None = None,
         rng_collection: str = "action",
+        **deprecated,
     ):
         if not callable(make_distribution):
             raise TypeError(
                 f"make_distribution must be a function params -> distrax distribution, got "
                 f"{type(make_distribution).__name__}."
             )
-        self.rng = _checks.rngs(rng, rngs, rng_collection)
-        self.rng_collection = rng_collection
+        self._init_stream(rngs, rng_collection, per_env_streams, deprecated)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self._make_distribution = Static(make_distribution)
-        self.per_env_streams = bool(per_env_streams)
-        self.deterministic = False
 
     def distribution(self, params: Float[Array, "*batch params"]) -> distrax.Distribution:
         """The distribution this sampler draws from for the given network output."""
@@ -126,8 +124,12 @@ class DistributionSampler(ActionSampler):
         state: tuple[()] | PRNGKeyArray,
         params: Float[Array, "*batch params"],
         rollout_extras: Array | None = None,
+        *,
+        deterministic: bool | None = None,
     ) -> StatefulModuleOutput:
         """Samples a fresh action, or scores the stored one in ``rollout_extras``.
+
+        ``deterministic`` overrides ``self.deterministic`` for this call.
 
         Raises:
             ValueError: the stored action's shape is not the distribution's
@@ -138,9 +140,10 @@ class DistributionSampler(ActionSampler):
         """
         dist = self.distribution(params)
         # The entropy key goes unused: the stream advances as the squashed samplers'.
-        next_state, sample_key, _ = self._keys(state, dist.batch_shape)
+        deterministic = self._deterministic(deterministic)
+        next_state, sample_key, _ = self._keys(state, dist.batch_shape, deterministic)
         if rollout_extras is None:
-            action = dist.mode() if self.deterministic else self._sample(params, sample_key)
+            action = dist.mode() if deterministic else self._sample(params, sample_key)
         else:
             action = jnp.asarray(rollout_extras)
             _check_stored_dtype(action, dist.dtype)

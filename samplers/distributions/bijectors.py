@@ -12,6 +12,37 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from samplers._numerics import softplus, tanh_log_det
 
 
+class Squashing(NamedTuple):
+    """What a bounded elementwise squashing is: ``y = center + half_range * tanh(x / k)``.
+
+    A bijector declares it as its ``squashing`` attribute (as distrax keeps
+    ``is_constant_jacobian`` on the bijector): :class:`SquashedNormal` then scores
+    actions from their distances to the bounds, and has an exact entropy, mode,
+    moments, CDF and quantile. A subclass that changes the map declares its own or
+    loses its base's (see :func:`squashing`).
+
+    Attributes:
+        low: Lower bounds, a scalar or one per action dimension.
+        high: Upper bounds, the same shape.
+        pre_image_scale: ``k``: 1 for tanh and ``BoundedTanh``, 2 for sigmoid
+            (``sigmoid(x) = (1 + tanh(x / 2)) / 2``).
+    """
+
+    low: Float[ArrayLike, "*action"]
+    high: Float[ArrayLike, "*action"]
+    pre_image_scale: float
+
+    def distances(
+        self, action: Float[Array, "*batch action"], *, normalized: bool = False
+    ) -> Float[Array, "*batch action"]:
+        """``min(action - low, high - action)`` per dimension, over the half range if
+        ``normalized``."""
+        low = jnp.broadcast_to(jnp.asarray(self.low, action.dtype), action.shape)
+        high = jnp.broadcast_to(jnp.asarray(self.high, action.dtype), action.shape)
+        distance = jnp.minimum(action - low, high - action)
+        return distance / ((high - low) / 2) if normalized else distance
+
+
 class Tanh(distrax.Tanh):
     """``distrax.Tanh`` with a log-determinant that is cheaper to differentiate.
 
@@ -25,6 +56,8 @@ class Tanh(distrax.Tanh):
         >>> samplers.Tanh().forward_and_log_det(jnp.array([0.0, 20.0]))
         (Array([0., 1.], dtype=float32), Array([  0.      , -38.613705], dtype=float32))
     """
+
+    squashing = Squashing(-1.0, 1.0, 1.0)
 
     def forward_log_det_jacobian(self, x):
         return tanh_log_det(x)
@@ -66,6 +99,8 @@ class Sigmoid(distrax.Sigmoid):
         >>> jax.grad(lambda x: samplers.Sigmoid().forward_log_det_jacobian(x))(100.0)
         Array(-1., dtype=float32, weak_type=True)
     """
+
+    squashing = Squashing(0.0, 1.0, 2.0)
 
     def forward_log_det_jacobian(self, x):
         x = jnp.asarray(x)
@@ -181,6 +216,11 @@ class BoundedTanh(distrax.Bijector):
         self.low = _as_bound(low)
         self.high = _as_bound(high)
 
+    @property
+    def squashing(self) -> Squashing:
+        """Its bounds, with pre-image scale 1."""
+        return Squashing(self.low, self.high, 1.0)
+
     def _broadcast(self, x):
         """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
         x = jnp.asarray(x)
@@ -209,7 +249,7 @@ class BoundedTanh(distrax.Bijector):
         of the same value. Traced bounds (inside ``jax.jit`` or ``jax.vmap``) have
         no values at trace time, when ``same_as`` must answer: unless they are the
         same arrays, the answer is False, which means "not guaranteed", never
-        that the bounds differ. :func:`samplers.kl_divergence` compares them at run
+        that the bounds differ. ``SquashedNormal.kl_divergence`` compares them at run
         time instead (see :func:`same_map`).
 
         Example:
@@ -238,28 +278,60 @@ def _as_bound(value) -> Array:
     return bound.astype(jnp.result_type(float))
 
 
-# Exact types, as distrax's own ``same_as``: a subclass may change the map.
-_SAME_MAP_FAMILIES = (frozenset({Tanh, distrax.Tanh}), frozenset({Sigmoid, distrax.Sigmoid}))
-_OURS = (Tanh, Sigmoid, BoundedTanh)
+# distrax's own squashings, which distrax cannot declare.
+_DISTRAX_SQUASHINGS = {distrax.Tanh: Tanh.squashing, distrax.Sigmoid: Sigmoid.squashing}
+# A class that defines one of these changes the map, and what its bases declared lapses.
+_MAP_METHODS = frozenset(
+    {"forward", "forward_and_log_det", "forward_log_det_jacobian", "inverse", "inverse_and_log_det"}
+)
+
+
+def squashing(bijector) -> Squashing | None:
+    """What a bijector declares as its :class:`Squashing`, or ``None``.
+
+    Accepts the bijector itself or the ``distrax.Block`` that ``SquashedNormal``
+    wraps it in. A bijector declares it as its ``squashing`` attribute (this
+    package's ``Tanh``, ``Sigmoid`` and ``BoundedTanh`` do, and so may a user's);
+    ``distrax.Tanh`` and ``distrax.Sigmoid`` are known from this module's table.
+    A subclass inherits the declaration unless it defines a map method
+    (``forward``, ``forward_and_log_det``, ``forward_log_det_jacobian``,
+    ``inverse``, ``inverse_and_log_det``) without declaring its own: a changed map
+    is never scored with a closed form that is not its own.
+
+    Example:
+        >>> import distrax
+        >>> squashing(distrax.Block(distrax.Sigmoid(), 1)).pre_image_scale
+        2.0
+    """
+    if isinstance(bijector, distrax.Block):
+        bijector = bijector.bijector
+    for cls in type(bijector).__mro__:
+        if "squashing" in vars(cls):
+            declared = getattr(bijector, "squashing", None)
+            return declared if isinstance(declared, Squashing) else None
+        if cls in _DISTRAX_SQUASHINGS:
+            return _DISTRAX_SQUASHINGS[cls]
+        if _MAP_METHODS & set(vars(cls)):
+            return None  # a subclass that changes the map without declaring its squashing
+    return None
 
 
 def same_map(f: distrax.Bijector, g: distrax.Bijector) -> bool | Bool[Array, "*action"]:
     """Whether two elementwise bijectors are the same map, in either order.
 
-    ``samplers.Tanh`` and ``distrax.Tanh`` are one map, as are ``samplers.Sigmoid``
-    and ``distrax.Sigmoid``; two ``BoundedTanh`` are when their bounds are equal
-    after broadcasting (a subclass of any of these is not known to be the same
-    map). Other bijectors are the same map if ``f.same_as(g)`` or ``g.same_as(f)``
-    says so. The ``same_as`` of this module's bijectors and
-    :func:`samplers.kl_divergence` both answer from here.
+    Two squashings (see :func:`squashing`) are the same map when their pre-image
+    scales are equal and their bounds are equal after broadcasting; a squashing
+    and a bijector without one are not known to be. Other bijectors are the same
+    map if ``f.same_as(g)`` or ``g.same_as(f)`` says so. The ``same_as`` of this
+    module's bijectors and ``SquashedNormal.kl_divergence`` both answer from here.
 
     Args:
         f: A bijector.
         g: Another.
 
     Returns:
-        A Python bool where the answer is known at trace time. For two
-        ``BoundedTanh`` with traced bounds whose shapes broadcast, a boolean array
+        A Python bool where the answer is known at trace time. For bounds traced
+        inside ``jax.jit`` or ``jax.vmap`` whose shapes broadcast, a boolean array
         of the broadcast shape of the bounds, true where they are equal at run time.
 
     Example:
@@ -270,17 +342,17 @@ def same_map(f: distrax.Bijector, g: distrax.Bijector) -> bool | Bool[Array, "*a
     """
     if f is g:
         return True
-    for family in _SAME_MAP_FAMILIES:
-        if type(f) in family or type(g) in family:
-            return type(f) in family and type(g) in family
-    if type(f) is BoundedTanh and type(g) is BoundedTanh:
-        return _same_bounds(f, g)
-    if isinstance(f, _OURS) or isinstance(g, _OURS):
-        return False  # a subclass, or a different map; their same_as would come back here
-    return bool(f.same_as(g) or g.same_as(f))
+    f_squashing, g_squashing = squashing(f), squashing(g)
+    if f_squashing is None and g_squashing is None:
+        return bool(f.same_as(g) or g.same_as(f))
+    if f_squashing is None or g_squashing is None:
+        return False  # their same_as would come back here
+    if f_squashing.pre_image_scale != g_squashing.pre_image_scale:
+        return False
+    return _same_bounds(f_squashing, g_squashing)
 
 
-def _same_bounds(f: BoundedTanh, g: BoundedTanh) -> bool | Bool[Array, "*action"]:
+def _same_bounds(f: Squashing, g: Squashing) -> bool | Bool[Array, "*action"]:
     # Compared by value, in either dtype: a float32 0.1 is not a float64 0.1.
     try:
         shape = jnp.broadcast_shapes(jnp.shape(f.low), jnp.shape(g.low))
@@ -294,56 +366,6 @@ def _same_bounds(f: BoundedTanh, g: BoundedTanh) -> bool | Bool[Array, "*action"
         return bool(np.array_equal(low_f, low_g) and np.array_equal(high_f, high_g))
     low_f, high_f, low_g, high_g = (jnp.broadcast_to(b, shape) for b in bounds)
     return (low_f == low_g) & (high_f == high_g)
-
-
-class Squashing(NamedTuple):
-    """What a bounded elementwise squashing is: ``y = center + half_range * tanh(x / k)``.
-
-    Attributes:
-        low: Lower bounds, a scalar or one per action dimension.
-        high: Upper bounds, the same shape.
-        pre_image_scale: ``k``: 1 for tanh and ``BoundedTanh``, 2 for sigmoid
-            (``sigmoid(x) = (1 + tanh(x / 2)) / 2``).
-    """
-
-    low: Float[Array, "*action"]
-    high: Float[Array, "*action"]
-    pre_image_scale: float
-
-    def distances(
-        self, action: Float[Array, "*batch action"], *, normalized: bool = False
-    ) -> Float[Array, "*batch action"]:
-        """``min(action - low, high - action)`` per dimension, over the half range if
-        ``normalized``."""
-        low = jnp.broadcast_to(jnp.asarray(self.low, action.dtype), action.shape)
-        high = jnp.broadcast_to(jnp.asarray(self.high, action.dtype), action.shape)
-        distance = jnp.minimum(action - low, high - action)
-        return distance / ((high - low) / 2) if normalized else distance
-
-
-def squashing(bijector) -> Squashing | None:
-    """The bounds of a tanh-family elementwise bijector, or ``None`` if it is not one.
-
-    Accepts the bijector itself or the ``distrax.Block`` that ``SquashedNormal``
-    wraps it in: ``samplers.Tanh`` and ``distrax.Tanh`` onto ``[-1, 1]``,
-    ``BoundedTanh`` onto its bounds, ``samplers.Sigmoid`` and ``distrax.Sigmoid``
-    onto ``[0, 1]``. Exact types, as for ``same_as``: a subclass may change the
-    map, so the closed forms built on these bounds do not apply to it.
-
-    Example:
-        >>> import distrax
-        >>> squashing(distrax.Block(distrax.Sigmoid(), 1)).pre_image_scale
-        2.0
-    """
-    if isinstance(bijector, distrax.Block):
-        bijector = bijector.bijector
-    if type(bijector) in _SAME_MAP_FAMILIES[0]:
-        return Squashing(jnp.asarray(-1.0), jnp.asarray(1.0), 1.0)
-    if type(bijector) is BoundedTanh:
-        return Squashing(bijector.low, bijector.high, 1.0)
-    if type(bijector) in _SAME_MAP_FAMILIES[1]:
-        return Squashing(jnp.asarray(0.0), jnp.asarray(1.0), 2.0)
-    return None
 
 
 def bijector_name(bijector) -> str:

@@ -1,0 +1,40 @@
+"""The pure layer: network outputs in, real ``distrax`` objects out.
+
+Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
+:class:`SquashedNormal` distribution (:mod:`.squashed_normal`), its constructors
+from network outputs (:mod:`.constructors`) and the diagnostics of its actions
+(:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
+never the other way round.
+"""
+
+from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
+from samplers.distributions.constructors import (
+    normal_tanh,
+    squashed_normal,
+    squashed_normal_from_log_std,
+    squashed_normal_from_std,
+)
+from samplers.distributions.diagnostics import (
+    bound_distance,
+    ppo_log_ratio_stats,
+    saturation_fraction,
+)
+from samplers.distributions.squashed_normal import SquashedNormal
+
+# Registers the KL divergence of two squashed Normals with TFP.
+from samplers.distributions import kl  # noqa: F401  # isort: skip
+
+__all__ = [
+    "BoundedTanh",
+    "Sigmoid",
+    "SquashedNormal",
+    "Squashing",
+    "Tanh",
+    "bound_distance",
+    "normal_tanh",
+    "ppo_log_ratio_stats",
+    "saturation_fraction",
+    "squashed_normal",
+    "squashed_normal_from_log_std",
+    "squashed_normal_from_std",
+]

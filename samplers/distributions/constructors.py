@@ -1,0 +1,228 @@
+"""Network outputs in, a :class:`SquashedNormal` out: the std parameterisations."""
+
+from collections.abc import Callable
+
+import distrax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from samplers import _checks
+from samplers._numerics import softplus
+from samplers.distributions.bijectors import Tanh
+from samplers.distributions.squashed_normal import SquashedNormal
+
+
+def squashed_normal(
+    mean_and_std: Float[ArrayLike, "*batch params"],
+    bijector: distrax.Bijector | Callable,
+    *,
+    min_std: float = 1e-3,
+    std_scale: float = 1.0,
+) -> SquashedNormal:
+    """Builds a :class:`SquashedNormal` from a network output ``[mean | raw_std]``.
+
+    The last axis (of even length ``2 * action``) splits into ``mean`` and
+    ``raw_std``; ``std = (softplus(raw_std) + min_std) * std_scale``, floored at the
+    smallest normal float (``1.2e-38`` in float32) so that it never rounds to zero.
+
+    Args:
+        mean_and_std: Network output, shape ``[*batch, 2 * action]``, floating.
+        bijector: Elementwise squashing, e.g. ``distrax.Tanh()``,
+            ``samplers.BoundedTanh(low, high)``, ``distrax.Sigmoid()``.
+        min_std: Floor added to the softplus, ``>= 0``.
+        std_scale: Factor applied to the std, ``> 0``.
+
+    Returns:
+        A ``SquashedNormal`` (a ``distrax.Transformed``) with batch shape
+        ``[*batch]`` and event shape ``[action]``. It computes in the input's
+        dtype, but float16 and bfloat16 inputs are computed (and returned) in
+        float32. A NaN or infinite mean or raw std makes that dimension's mean
+        NaN, so its pre-image and action and the batch element's log-density are
+        NaN, never a finite wrong number (``tanh(inf)`` would be the action 1).
+
+    Raises:
+        TypeError: ``mean_and_std`` is not floating, or an option is not a number.
+        ValueError: the last axis is missing or odd, or an option is out of range.
+
+    Example:
+        >>> import distrax, jax.numpy as jnp, samplers
+        >>> dist = samplers.squashed_normal(jnp.zeros((4, 6)), distrax.Sigmoid())
+        >>> dist.batch_shape, dist.event_shape
+        ((4,), (3,))
+    """
+    mean_and_std = _checks.float_array("mean_and_std", mean_and_std)
+    min_std = _checks.real_number("min_std", min_std, minimum=0.0)
+    std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
+    if mean_and_std.ndim < 1 or mean_and_std.shape[-1] % 2 or mean_and_std.shape[-1] == 0:
+        raise ValueError(
+            f"mean_and_std must have a last axis of even length 2 * action_dim "
+            f"([mean | raw_std]), got shape {mean_and_std.shape}."
+        )
+    mean_and_std = mean_and_std.astype(_computing_dtype(mean_and_std.dtype))
+    mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
+    # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
+    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
+    # Floored at the smallest normal float: below it XLA flushes the std to zero.
+    std = jnp.maximum((softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
+    return SquashedNormal(mean, std, bijector)
+
+
+def normal_tanh(
+    mean_and_std: Float[ArrayLike, "*batch params"],
+    *,
+    min_std: float = 1e-3,
+    std_scale: float = 1.0,
+) -> SquashedNormal:
+    """Builds ``Transformed(Normal(mean, std), Tanh)`` from ``[mean | raw_std]``.
+
+    :func:`squashed_normal` with :class:`samplers.Tanh` (``distrax.Tanh`` with a
+    cheaper derivative); see there for the arguments.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> dist = samplers.normal_tanh(jnp.array([0.0, 0.0, 0.5413, 0.5413]))
+        >>> dist.scale.round(3), dist.deterministic_action()
+        (Array([1.001, 1.001], dtype=float32), Array([0., 0.], dtype=float32))
+    """
+    return squashed_normal(mean_and_std, Tanh(), min_std=min_std, std_scale=std_scale)
+
+
+# A module-level instance, so that the default is not a call in the signature.
+_TANH = Tanh()
+
+
+def squashed_normal_from_std(
+    mean: Float[ArrayLike, "*batch action"],
+    std: Float[ArrayLike, "*batch action"],
+    bijector: distrax.Bijector | Callable = _TANH,
+    *,
+    min_std: float = 0.0,
+) -> SquashedNormal:
+    """Builds a :class:`SquashedNormal` from a mean and a standard deviation.
+
+    ``std + min_std`` is floored at the smallest normal float (``1.2e-38`` in
+    float32), as in :func:`squashed_normal`, so that a std that underflowed to 0
+    stays positive. Values are not checked (they cannot be inside ``jax.jit``):
+    as in :func:`squashed_normal`, a NaN or infinite ``mean`` or ``std``, or a
+    negative ``std``, makes that dimension's mean NaN, so its samples, actions
+    (also the deterministic one), log-densities and moments are NaN, never a
+    finite number.
+
+    Args:
+        mean: Means of the base Normal, shape ``[*batch, action]``, floating.
+        std: Standard deviations, the same shape, floating, ``> 0``.
+        bijector: Elementwise squashing, ``samplers.Tanh()`` by default; e.g.
+            ``samplers.BoundedTanh(low, high)``, ``samplers.Sigmoid()``.
+        min_std: Added to ``std``, ``>= 0``.
+
+    Returns:
+        A ``SquashedNormal`` with batch shape ``[*batch]`` and event shape
+        ``[action]``, in the inputs' common dtype; float16 and bfloat16 are
+        computed (and returned) in float32.
+
+    Raises:
+        TypeError: ``mean`` or ``std`` is not floating, or ``min_std`` is not a number.
+        ValueError: the shapes differ or have no action axis, or ``min_std < 0``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> dist = samplers.squashed_normal_from_std(jnp.zeros(2), jnp.array([0.5, -1.0]))
+        >>> dist.scale
+        Array([0.5, nan], dtype=float32)
+    """
+    mean, std = _mean_and_spread("std", mean, std)
+    min_std = _checks.real_number("min_std", min_std, minimum=0.0)
+    valid = jnp.isfinite(mean) & jnp.isfinite(std) & (std >= 0)
+    # f(+-inf) would be a finite action: an invalid parameter makes its dimension NaN.
+    mean = jnp.where(valid, mean, jnp.nan)
+    std = jnp.where(valid, jnp.maximum(std + min_std, jnp.finfo(std.dtype).tiny), jnp.nan)
+    return SquashedNormal(mean, std, bijector)
+
+
+def squashed_normal_from_log_std(
+    mean: Float[ArrayLike, "*batch action"],
+    log_std: Float[ArrayLike, "*batch action"],
+    bijector: distrax.Bijector | Callable = _TANH,
+    *,
+    log_std_min: float | None = None,
+    log_std_max: float | None = None,
+) -> SquashedNormal:
+    """Builds a :class:`SquashedNormal` from a mean and a log standard deviation.
+
+    ``std = exp(clip(log_std, log_std_min, log_std_max))``, each bound optional
+    (SAC implementations commonly clip to ``[-20, 2]`` or ``[-5, 2]``; the clip
+    stops the gradient strictly outside the bounds and passes it whole on them,
+    as PyTorch's ``clamp`` does), then floored at the
+    smallest normal float as in :func:`squashed_normal` (``exp(log_std)`` falls
+    below it from ``log_std ~ -87.3`` in float32). As in :func:`squashed_normal`, a
+    NaN or infinite ``mean`` or ``log_std`` (checked before the clip) makes that
+    dimension's mean NaN, so everything computed from it is NaN.
+
+    Args:
+        mean: Means of the base Normal, shape ``[*batch, action]``, floating.
+        log_std: Natural logarithms of the standard deviations, the same shape,
+            floating.
+        bijector: Elementwise squashing, ``samplers.Tanh()`` by default.
+        log_std_min: Lower clip of ``log_std``, or ``None`` for none.
+        log_std_max: Upper clip of ``log_std``, or ``None`` for none.
+
+    Returns:
+        A ``SquashedNormal`` as :func:`squashed_normal_from_std` returns it.
+
+    Raises:
+        TypeError: ``mean`` or ``log_std`` is not floating, or a bound is not a number.
+        ValueError: the shapes differ or have no action axis, a bound is not
+            finite, or ``log_std_min > log_std_max``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> log_std = jnp.array([-30.0, 0.0, 5.0])
+        >>> dist = samplers.squashed_normal_from_log_std(
+        ...     jnp.zeros(3), log_std, log_std_min=-20.0, log_std_max=2.0
+        ... )
+        >>> dist.scale
+        Array([2.061e-09, 1.000e+00, 7.389e+00], dtype=float32)
+    """
+    mean, log_std = _mean_and_spread("log_std", mean, log_std)
+    if log_std_min is not None:
+        log_std_min = _checks.real_number("log_std_min", log_std_min)
+    if log_std_max is not None:
+        log_std_max = _checks.real_number("log_std_max", log_std_max)
+    if log_std_min is not None and log_std_max is not None and log_std_min > log_std_max:
+        raise ValueError(
+            f"log_std_min must be <= log_std_max, got {log_std_min} > {log_std_max}; "
+            f"swap them (e.g. log_std_min=-20.0, log_std_max=2.0)."
+        )
+    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(log_std), mean, jnp.nan)
+    # Clipped with where: jnp.clip halves the gradient of a log_std on a bound.
+    if log_std_min is not None:
+        log_std = jnp.where(log_std < log_std_min, log_std_min, log_std)
+    if log_std_max is not None:
+        log_std = jnp.where(log_std > log_std_max, log_std_max, log_std)
+    std = jnp.exp(log_std)
+    std = jnp.maximum(std, jnp.finfo(std.dtype).tiny)
+    return SquashedNormal(mean, std, bijector)
+
+
+def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
+    """``mean`` and ``spread`` (std or log-std) checked, in one dtype of at least 32 bits."""
+    mean = _checks.float_array("mean", mean)
+    spread = _checks.float_array(name, spread)
+    if mean.ndim < 1:
+        raise ValueError(
+            f"mean and {name} need an action axis, shape [*batch, action], got "
+            f"{mean.shape}; for one action dimension use shape (1,)."
+        )
+    if mean.shape != spread.shape:
+        raise ValueError(
+            f"mean and {name} must have the same shape [*batch, action], got {mean.shape} "
+            f"and {spread.shape}; broadcast them yourself (e.g. a state-independent {name} "
+            f"with jnp.broadcast_to({name}, mean.shape))."
+        )
+    dtype = _computing_dtype(jnp.result_type(mean, spread))
+    return mean.astype(dtype), spread.astype(dtype)
+
+
+def _computing_dtype(dtype):
+    """float16 and bfloat16 lose the tails of log-densities: they compute in float32."""
+    return jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype

@@ -1,0 +1,28 @@
+"""The NNX shell: modules that hold the stream, ``deterministic`` and replay.
+
+A head calls the pure layer (:mod:`samplers.distributions`) for its distribution
+and adds what a training loop needs: the ``nnx.Rngs`` stream, advanced the same
+way in rollout and replay; ``module.eval()``; the stored pre-image and its
+replay; the entropy cost and metrics.
+"""
+
+from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.distribution_sampler import DistributionSampler
+from samplers.heads.functional import functional
+from samplers.heads.module import StatefulModule, StatefulModuleOutput
+from samplers.heads.squashed_normal import (
+    NormalTanhSampler,
+    SquashedNormalSampler,
+    StateIndependentSampler,
+)
+
+__all__ = [
+    "ActionSampler",
+    "DistributionSampler",
+    "NormalTanhSampler",
+    "SquashedNormalSampler",
+    "StateIndependentSampler",
+    "StatefulModule",
+    "StatefulModuleOutput",
+    "functional",
+]
