@@ -4,6 +4,8 @@ import jax
 import pytest
 from hypothesis import settings
 
+from tests._tiers import BATCH_SHAPES, slow
+
 # Hypothesis profiles: "ci" (the default) draws the same examples on every run, so a
 # failure in CI reproduces locally; "thorough" draws 20 times as many, afresh each run
 # (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_invariants.py).
@@ -14,16 +16,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Implicit rank promotion hides shape bugs; the test session refuses it.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
-# Readable ids for the leading shapes the library supports: (), (B,), (T, B).
-BATCH_SHAPES = [(), (5,), (3, 4)]
-BATCH_IDS = ["(A,)", "(B,A)", "(T,B,A)"]
 
-
-@pytest.fixture(params=BATCH_SHAPES, ids=BATCH_IDS)
+@pytest.fixture(params=BATCH_SHAPES)
 def batch_shape(request):
     return request.param
 
 
-@pytest.fixture(params=[False, True], ids=["eager", "jit"])
+@pytest.fixture(params=[slow(False, id="eager"), pytest.param(True, id="jit")])
 def maybe_jit(request):
     return jax.jit if request.param else (lambda f: f)

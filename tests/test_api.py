@@ -13,6 +13,7 @@ from flax import nnx
 from jaxtyping import TypeCheckError, jaxtyped
 
 import samplers
+from tests._tiers import BATCH_SHAPES, slow
 
 
 def test_public_names_are_pinned():
@@ -61,11 +62,19 @@ def test_main_prints_a_cross_check_where_only_the_pre_image_path_is_finite():
     assert "replay ratio         [1. 1.]" in result.stdout
 
 
+# Shape is the point: no batch and two batch axes by default, one axis in the slow tier.
+ANNOTATED_BATCHES = [
+    pytest.param((), id="(A,)"),
+    slow((5,), id="(B,A)"),
+    pytest.param((3, 4), id="(T,B,A)"),
+]
+
+
 def _checked(function):
     return jaxtyped(typechecker=beartype)(function)
 
 
-@pytest.mark.parametrize("batch", [(), (5,), (3, 4)], ids=["(A,)", "(B,A)", "(T,B,A)"])
+@pytest.mark.parametrize("batch", ANNOTATED_BATCHES)
 def test_shape_annotations_hold_at_run_time(batch):
     mean_and_std = jnp.zeros((*batch, 6))
     dist = _checked(samplers.normal_tanh)(mean_and_std)
@@ -80,7 +89,7 @@ def test_shape_annotations_hold_at_run_time(batch):
     assert action.shape == (*batch, 3)
 
 
-@pytest.mark.parametrize("batch", [(), (5,), (3, 4)], ids=["(A,)", "(B,A)", "(T,B,A)"])
+@pytest.mark.parametrize("batch", BATCH_SHAPES)
 def test_distribution_method_annotations_hold_at_run_time(batch):
     mean, std = jnp.zeros((*batch, 1)), jnp.ones((*batch, 1))
     dist = _checked(samplers.squashed_normal_from_std)(mean, std)

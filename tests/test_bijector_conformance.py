@@ -16,6 +16,7 @@ import pytest
 
 import samplers
 from samplers.distributions.bijectors import same_map
+from tests._tiers import each_value_once
 
 LOW = np.array([-2.0, 0.0, -0.1], np.float32)
 HIGH = np.array([2.0, 1.0, 0.3], np.float32)
@@ -206,10 +207,17 @@ def test_integer_inputs_become_float_as_in_the_chain(dtype, maybe_jit):
 
 
 @pytest.mark.parametrize(
-    "bounds",
-    ["number", "float32", "float16"],
+    *each_value_once(
+        {
+            "bounds": {b: b for b in ["number", "float32", "float16"]},
+            "input_dtype": {
+                "float16": jnp.float16,
+                "bfloat16": jnp.bfloat16,
+                "float32": jnp.float32,
+            },
+        }
+    )
 )
-@pytest.mark.parametrize("input_dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 def test_dtypes_are_jax_promotion_of_input_and_bounds_as_in_the_chain(bounds, input_dtype):
     low, high = {
         "number": (_weak(-2.0), _weak(2.0)),
@@ -318,12 +326,17 @@ def test_batched_parameters_act_elementwise():
 # --- Tanh and Sigmoid against distrax's -------------------------------------------
 
 
-@pytest.mark.parametrize("shape", [(), (2,), (2, 3), (2, 3, 4)], ids=str)
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.float32, jnp.int32])
 @pytest.mark.parametrize(
-    "ours, theirs",
-    [(samplers.Tanh(), distrax.Tanh()), (samplers.Sigmoid(), distrax.Sigmoid())],
-    ids=["Tanh", "Sigmoid"],
+    *each_value_once(
+        {
+            "ours, theirs": {
+                "Tanh": (samplers.Tanh(), distrax.Tanh()),
+                "Sigmoid": (samplers.Sigmoid(), distrax.Sigmoid()),
+            },
+            "dtype": {"float16": jnp.float16, "float32": jnp.float32, "int32": jnp.int32},
+            "shape": {str(shape): shape for shape in [(), (2,), (2, 3), (2, 3, 4)]},
+        }
+    )
 )
 def test_tanh_and_sigmoid_keep_the_input_s_shape_and_dtype_as_distrax(ours, theirs, shape, dtype):
     x = (2 * jax.random.normal(jax.random.key(7), shape)).astype(dtype)

@@ -13,6 +13,7 @@ from scipy import integrate, special, stats
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
+from tests._tiers import SLOW, each_value_once, slow
 
 tfb = tfp.bijectors
 EPS32 = 2.0**-23
@@ -26,6 +27,14 @@ SQUASHINGS = {
     "samplers.Sigmoid": (samplers.Sigmoid(), 2.0),
     "distrax.Sigmoid": (distrax.Sigmoid(), 2.0),
 }
+# The default tier runs each squashing's own code once: Tanh, vector asymmetric bounds
+# and Sigmoid. distrax's Tanh and Sigmoid (the same squashings) and scalar bounds are
+# slow, except where a distrax bijector is the point.
+SLOW_SQUASHINGS = {"BoundedTanh[-0.1,0.3]", "distrax.Sigmoid", "distrax.Tanh"}
+SQUASHING_CASES = [
+    pytest.param(*value, id=name, marks=[SLOW] if name in SLOW_SQUASHINGS else [])
+    for name, value in SQUASHINGS.items()
+]
 
 
 def _bounds(bijector):
@@ -41,9 +50,10 @@ def _plain_distrax(loc, scale, bijector):
 
 
 VALUE_SHAPES = {"(B,A)": (5, 2), "(S,B,A)": (7, 5, 2), "(S,1,A)": (7, 1, 2), "(A,)": (2,)}
-# Each value shape twice, each squashing at least once, eager and jit alternating.
+# Each value shape twice, each squashing at least once, eager and jit alternating; the
+# default tier runs each shape once.
 BROADCAST_CASES = [
-    (name, shape, squashing, bool((i + j) % 2))
+    (name, shape, squashing, bool((i + j) % 2), j == 1)
     for i, (name, shape) in enumerate(VALUE_SHAPES.items())
     for j, squashing in enumerate(
         [list(SQUASHINGS)[(2 * i) % 6], list(SQUASHINGS)[(2 * i + 1) % 6]]
@@ -53,8 +63,12 @@ BROADCAST_CASES = [
 
 @pytest.mark.parametrize(
     "value_shape, squashing, jitted",
-    [case[1:] for case in BROADCAST_CASES],
-    ids=[f"{n}-{q}-{'jit' if j else 'eager'}" for n, _, q, j in BROADCAST_CASES],
+    [
+        pytest.param(
+            shape, q, j, id=f"{n}-{q}-{'jit' if j else 'eager'}", marks=[SLOW] if s else []
+        )
+        for n, shape, q, j, s in BROADCAST_CASES
+    ],
 )
 def test_log_prob_broadcasts_as_distrax_and_matches_it_inside_the_range(
     value_shape, squashing, jitted
@@ -82,7 +96,7 @@ def test_log_prob_refuses_a_value_that_does_not_broadcast():
         dist.log_prob(jnp.zeros((3, 2)))
 
 
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize("bijector, k", SQUASHING_CASES)
 def test_sample_then_score_is_finite_where_distrax_is_not(bijector, k, maybe_jit):
     # SAC's two lines, at stds and means where many samples round onto a bound.
     keys = jax.random.split(jax.random.key(1), 3)
@@ -117,8 +131,29 @@ def _idiom(bijector, k, key, use_sample_and_log_prob):
     return loss
 
 
-@pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+FRESH_SAMPLE_DEFAULTS = {
+    ("samplers.Tanh", "vmap"),
+    ("distrax.Tanh", "jit"),
+    ("BoundedTanh[-2,3]", "jit"),
+    ("samplers.Sigmoid", "jit"),
+}
+
+
+# Under vmap for samplers.Tanh and under jit for the other squashings by default;
+# the rest of the product in the slow tier.
+@pytest.mark.parametrize(
+    "bijector, k, transform",
+    [
+        pytest.param(
+            *value,
+            transform,
+            id=f"{name}-{transform}",
+            marks=[] if (name, transform) in FRESH_SAMPLE_DEFAULTS else [SLOW],
+        )
+        for name, value in SQUASHINGS.items()
+        for transform in ["eager", "jit", "vmap"]
+    ],
+)
 def test_log_prob_of_a_fresh_sample_is_exact_in_value_and_gradient(bijector, k, transform):
     # a = dist.sample(seed=key); dist.log_prob(a): the sample remembers its pre-image,
     # so the value and the gradient are sample_and_log_prob's, saturated or not.
@@ -152,7 +187,7 @@ def test_log_prob_of_a_fresh_sample_is_exact_in_value_and_gradient(bijector, k, 
     np.testing.assert_allclose(grad_log_std, d_log_std, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize("bijector, k", SQUASHING_CASES)
 def test_a_sample_scored_without_its_pre_image_loses_only_what_its_rounding_lost(bijector, k):
     keys = jax.random.split(jax.random.key(2), 3)
     loc = 3 * k * jax.random.normal(keys[0], (4096, 2))
@@ -205,7 +240,7 @@ def _half_step(bound, other, half_range, k):
     return max(0.5 * max(spacing, tanh_step), np.finfo(np.float32).tiny)
 
 
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize("bijector, k", SQUASHING_CASES)
 def test_log_prob_gradients_are_finite_on_the_closed_range(bijector, k, maybe_jit):
     low, high = _bounds(bijector)
     u = np.array([0.0, 2.0**-24, 1e-3, 0.3, 0.5, 0.9, 1 - 1e-6, 1 - 2.0**-24, 1.0])
@@ -256,8 +291,15 @@ def test_other_bijectors_score_as_distrax_does(bijector):
     np.testing.assert_allclose(dist.log_prob(action), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("sample_shape", [(), (3,)], ids=["one", "(3,)"])
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize(
+    *each_value_once(
+        {
+            "bijector, k": SQUASHINGS,
+            "sample_shape": {"one": (), "(3,)": (3,)},
+        },
+        slow_ids=SLOW_SQUASHINGS,
+    )
+)
 def test_sample_and_log_prob_scores_the_pre_image_without_inverting(bijector, k, sample_shape):
     loc = jnp.broadcast_to(jnp.array([0.0, 12.0 * k]), (64, 2))
     scale = jnp.broadcast_to(jnp.array([3.0 * k, 0.5]), (64, 2))
@@ -333,12 +375,18 @@ MOMENT_BIJECTORS = {
 }
 
 
-@pytest.mark.parametrize(
-    "dtype, mean_tolerance, variance_tolerance",
-    [("float32", 1e-6, 1e-5), ("float64", 1e-12, 1e-10)],
-    ids=["float32", "float64"],
-)
-@pytest.mark.parametrize("squash", MOMENT_BIJECTORS.values(), ids=MOMENT_BIJECTORS.keys())
+# Tanh in float32 and float64 by default; the other squashings in the slow tier.
+MOMENT_CASES_BY_DTYPE = [
+    pytest.param(
+        squash, dtype, *tolerances, id=f"{name}-{dtype}", marks=[SLOW] if slow_case else []
+    )
+    for name, squash in MOMENT_BIJECTORS.items()
+    for dtype, tolerances in [("float32", (1e-6, 1e-5)), ("float64", (1e-12, 1e-10))]
+    for slow_case in [name != "Tanh"]
+]
+
+
+@pytest.mark.parametrize("squash, dtype, mean_tolerance, variance_tolerance", MOMENT_CASES_BY_DTYPE)
 def test_mean_and_variance_match_float64_integrals(
     squash, dtype, mean_tolerance, variance_tolerance, tanh_moments
 ):
@@ -533,7 +581,9 @@ def test_a_multivariate_event_refuses_what_is_one_dimensional(method, args, inst
 
 
 @pytest.mark.parametrize(
-    "index", [0, (slice(1, None),), (Ellipsis, 0), (1, 2)], ids=["0", "1:", "...,0", "1,2"]
+    "index",
+    [slow(0, id="0"), slow((slice(1, None),), id="1:"), (Ellipsis, 0), slow((1, 2), id="1,2")],
+    ids=["0", "1:", "...,0", "1,2"],
 )
 def test_indexing_slices_the_batch_and_keeps_the_bijector(index):
     keys = jax.random.split(jax.random.key(4), 2)
@@ -576,7 +626,7 @@ def test_quantile_is_nan_for_invalid_parameters_even_at_p_zero_and_one():
         assert np.isfinite(quantile[0]) and np.all(np.isnan(quantile[1:])), (p, quantile)
 
 
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize("bijector, k", SQUASHING_CASES)
 def test_quantile_gradients_at_zero_and_one(bijector, k):
     # The bounds do not move with loc or scale; the slope in p is infinite there,
     # since the density vanishes at the bounds.
@@ -646,7 +696,7 @@ def test_log_prob_near_the_centre_keeps_the_relative_accuracy_of_a_small_pre_ima
         assert abs(ours - expected) <= bound, (bijector, ours, expected)
 
 
-@pytest.mark.parametrize("bijector, k", SQUASHINGS.values(), ids=SQUASHINGS.keys())
+@pytest.mark.parametrize("bijector, k", SQUASHING_CASES)
 def test_the_action_of_a_sample_keeps_its_pathwise_gradient_where_it_saturates(bijector, k):
     # SAC's -Q(s, a) term through a = dist.sample(seed=key): d a / d loc = f'(x), tiny
     # but positive where float32 f(x) rounds onto a bound (autodiff of tanh gives 0).

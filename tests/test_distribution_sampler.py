@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import samplers
+from tests._tiers import JIT_MODES, slow
 
 
 def _categorical(logits):
@@ -138,7 +139,7 @@ def test_a_float_action_stored_for_a_categorical_is_refused(jitted):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 def test_an_integer_or_lower_precision_action_stored_for_a_beta_is_refused(dtype, jitted):
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _beta)
     params = jax.random.normal(jax.random.key(1), (4, 6))
@@ -166,9 +167,8 @@ def test_an_integer_or_lower_precision_action_stored_for_a_beta_is_refused(dtype
     np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "make, width", [(_categorical, 4), (_beta, 6)], ids=["categorical", "beta"]
-)
+# The streams are the point, not the distribution: the categorical case is slow.
+@pytest.mark.parametrize("make, width", [slow(_categorical, 4, id="categorical"), (_beta, 6)])
 def test_per_env_streams_sample_each_environment_from_its_own_key(make, width):
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, make, per_env_streams=True)
     keys = head.initialize_state(6)

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.experimental import checkify
 
 import samplers
+from tests._tiers import JIT_MODES, each_value_once
 
 A = 3
 ENTROPY_WEIGHT = 0.01
@@ -67,7 +68,7 @@ def _rollout_and_replay(sampler, mean_and_std, deterministic=False):
 
 # Guarantees, "Replaying the stored pre-image ... with no inverse": the
 # bijector's inverse raises, and rollout and replay run and agree bit for bit.
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_rollout_and_replay_never_invert_the_squashing(kind, jitted, monkeypatch):
     sampler = _sampler(kind)
@@ -128,8 +129,11 @@ POISONS = [
 ]
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    *each_value_once(
+        {"kind": {k: k for k in KINDS}, "deterministic": {"train": False, "eval": True}}
+    )
+)
 def test_non_finite_parameters_reach_that_batch_element_only(kind, deterministic):
     """A poisoned element's log-likelihood is NaN or inf in rollout and replay; every
     output of the other elements is bit-identical to the run without the bad values.

@@ -3,9 +3,13 @@
 import pathlib
 import re
 
+import pytest
+
 README = pathlib.Path(__file__).parent.parent / "README.md"
 
 
+# Documentation code blocks are the slow tier's, with the guides' (tests/test_docs.py).
+@pytest.mark.slow
 def test_readme_python_blocks_run():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert len(blocks) >= 3

@@ -8,6 +8,7 @@ from jax.experimental import checkify
 
 import samplers
 from tests import reference
+from tests._tiers import JIT_MODES, slow
 
 A = 3
 OPTIONS = {"entropy_weight": 0.01, "min_std": 1e-3, "std_scale": 1.0}
@@ -42,16 +43,16 @@ def _call(jitted):
 CUSTOM = {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}
 
 
-# Each batch shape, eager and nnx.jit, default and custom options, each at least once.
+# Each batch shape, eager and nnx.jit, default and custom options, each at least once;
+# the default tier runs the first two cases.
 @pytest.mark.parametrize(
     "batch_shape, jitted, options",
     [
-        ((), False, OPTIONS),
-        ((5,), True, CUSTOM),
-        ((3, 4), False, CUSTOM),
-        ((3, 4), True, OPTIONS),
+        pytest.param((), False, OPTIONS, id="(A,)-eager-default"),
+        pytest.param((5,), True, CUSTOM, id="(B,A)-nnx.jit-custom"),
+        slow((3, 4), False, CUSTOM, id="(T,B,A)-eager-custom"),
+        slow((3, 4), True, OPTIONS, id="(T,B,A)-nnx.jit"),
     ],
-    ids=["(A,)-eager-default", "(B,A)-nnx.jit-custom", "(T,B,A)-eager-custom", "(T,B,A)-nnx.jit"],
 )
 def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape, jitted, options):
     head = samplers.NormalTanhSampler(nnx.Rngs(42), **options)
@@ -88,7 +89,7 @@ def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape,
 # Guarantees, "Replaying the stored pre-image ... reproduces the log-likelihood
 # bit for bit": eagerly and under nnx.jit, train and eval.
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 def test_replay_reproduces_the_rollout_log_likelihood(batch_shape, jitted, deterministic):
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     head.set_attributes(deterministic=deterministic)
@@ -326,21 +327,25 @@ def test_a_lower_precision_value_stored_with_log_ratio_metrics_is_refused(field)
             head((), inputs, extras)
 
 
-def test_under_x64_a_float32_pre_image_for_a_float64_sampler_is_refused():
+# SquashedNormalSampler is NormalTanhSampler's class with another bijector: slow.
+@pytest.mark.parametrize(
+    "name", ["NormalTanhSampler", slow("SquashedNormalSampler"), "StateIndependentSampler"]
+)
+def test_under_x64_a_float32_pre_image_for_a_float64_sampler_is_refused(name):
     with jax.enable_x64(True):
         inputs = _inputs((8,)).astype(jnp.float64)
-        for name, head in _squashed_heads(log_ratio_metrics=True).items():
-            extras = head((), _head_inputs(name, inputs)).rollout_extras
-            assert extras["pre_image"].dtype == jnp.float64
-            for field in ("pre_image", "log_likelihood"):
-                rounded = {**extras, field: extras[field].astype(jnp.float32)}
-                with pytest.raises(TypeError, match=r"stored in float64 \(or wider\).*got float32"):
-                    head((), _head_inputs(name, inputs), rounded)
-            # float32 parameters compute in float32: a float32 pre-image replays.
-            inputs32 = _head_inputs(name, inputs.astype(jnp.float32))
-            stored = head((), inputs32).rollout_extras
-            assert stored["pre_image"].dtype == jnp.float32
-            head((), inputs32, stored)
+        head = _squashed_heads(log_ratio_metrics=True)[name]
+        extras = head((), _head_inputs(name, inputs)).rollout_extras
+        assert extras["pre_image"].dtype == jnp.float64
+        for field in ("pre_image", "log_likelihood"):
+            rounded = {**extras, field: extras[field].astype(jnp.float32)}
+            with pytest.raises(TypeError, match=r"stored in float64 \(or wider\).*got float32"):
+                head((), _head_inputs(name, inputs), rounded)
+        # float32 parameters compute in float32: a float32 pre-image replays.
+        inputs32 = _head_inputs(name, inputs.astype(jnp.float32))
+        stored = head((), inputs32).rollout_extras
+        assert stored["pre_image"].dtype == jnp.float32
+        head((), inputs32, stored)
 
 
 def test_odd_input_is_refused_by_the_module():
@@ -542,7 +547,7 @@ def _tree_equal(a, b, rtol=0.0):
             np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * 1e-2)
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 def test_per_env_streams_do_not_depend_on_how_the_batch_is_split(jitted):
     head = _per_env()
     call = nnx.jit(lambda head, *args: head(*args)) if jitted else (lambda head, *args: head(*args))
@@ -698,7 +703,7 @@ def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
     np.testing.assert_allclose(stats["approx_kl"], jnp.mean(replay.metrics["approx_kl"]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 def test_replay_metrics_are_nan_in_the_batch_element_whose_stored_value_is_nan(jitted):
     """A NaN pre-image makes its element's action, log-likelihood and every metric NaN; a
     NaN stored log-likelihood its log-ratio metrics; other elements are untouched."""
@@ -910,8 +915,14 @@ def test_entropy_points_is_deprecated_for_the_one_value_entropy():
         samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="exact", entropy_points=4)
 
 
+# The bijector is not the point here (the entropy's own tests cover each): one by default.
 @pytest.mark.parametrize(
-    "bijector", [samplers.Tanh(), samplers.BoundedTanh(-2.0, 2.0), samplers.Sigmoid()]
+    "bijector",
+    [
+        pytest.param(samplers.Tanh(), id="Tanh"),
+        slow(samplers.BoundedTanh(-2.0, 2.0), id="BoundedTanh"),
+        slow(samplers.Sigmoid(), id="Sigmoid"),
+    ],
 )
 def test_exact_entropy_cost_is_the_distributions_entropy_and_trains_it(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.1, bijector=bijector, entropy="exact")

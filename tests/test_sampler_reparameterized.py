@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import samplers
+from tests._tiers import JIT_MODES
 
 A = 3
 ALPHA = 0.2
@@ -86,7 +87,7 @@ MEANS = {
 }
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 @pytest.mark.parametrize("where", list(MEANS))
 def test_actor_loss_gradient_is_the_pathwise_gradient(where, jitted):
     raw_std = np.array([[-1.0, 0.0, 0.5], [0.2, -0.3, 1.0]])
@@ -113,7 +114,7 @@ def test_actor_loss_gradient_is_the_pathwise_gradient(where, jitted):
     )
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 def test_a_saturated_fresh_sample_keeps_its_small_action_gradient(jitted):
     """Where float32 tanh(x) is exactly +-1, d tanh(x) / dx = 1 / cosh(x)**2 (~1e-8),
     not 0: the critic term's gradient is the float64 chain rule to 1e-5 relative."""
@@ -270,7 +271,7 @@ def _td3_losses_float64(kind, mean):
     return W * (_squash_float64(kind, mean)[0] - T) ** 2
 
 
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("jitted", JIT_MODES)
 @pytest.mark.parametrize("where", ["centre", "saturated"])
 @pytest.mark.parametrize("kind", EVAL_KINDS)
 def test_td3_actor_loss_on_eval_has_the_chain_rule_gradient(kind, where, jitted):

@@ -109,6 +109,7 @@ SOAK_STEPS = 100_000
 SOAK_BATCH = 4
 
 
+@pytest.mark.slow
 def test_soak_of_100_000_scan_steps_never_yields_nan_nor_repeats_a_key():
     """10**5 rollout-and-replay steps of a [4, 2A] batch under one nnx.scan.
 
