@@ -728,3 +728,29 @@ def test_the_action_of_a_sample_keeps_its_pathwise_gradient_where_it_saturates(b
         slope = (high - low) / (2 * k) / np.cosh(x / k) ** 2  # f'(x)
         assert np.any(slope < 1e-6), "no saturated sample"
         np.testing.assert_allclose(jax.grad(critic_term)(loc, method), slope, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bijector", [samplers.Tanh(), samplers.BoundedTanh(-2.0, 3.0)])
+def test_eager_methods_compile_a_few_programs_not_one_per_operation(bijector):
+    """Outside jit, building, sampling and scoring a new shape compiles at most 16 programs.
+
+    JAX compiles each operation it runs eagerly; run one at a time, this path's
+    maths was over 50 operations. The shape is one no other test uses, and a
+    program another test compiled first only lowers the count.
+    """
+    compiled = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    params, key = jnp.zeros((29, 6)), jax.random.key(0)
+    jax.block_until_ready(jax.random.normal(key, (3,)))  # the key's own programs
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        dist = samplers.squashed_normal(params, bijector)
+        action = dist.sample(seed=key)
+        jax.block_until_ready((dist.log_prob(action), dist.log_prob(action + 0.0)))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert 0 < len(compiled) <= 16

@@ -18,6 +18,28 @@ from samplers._numerics import HALF_LOG_2PI, log_ndtr, tanh, tanh_log_det
 from samplers.distributions.bijectors import Squashing
 
 
+def _compiled(function):
+    """``function(bounds, *arrays, **options)`` as one XLA program per pre-image scale,
+    options, shapes and dtypes.
+
+    Called eagerly, a method then runs one compiled program instead of dispatching
+    (and, on a new shape, compiling) each of its operations; under an outer ``jit``
+    it is inlined. The bounds are traced, so their values and gradients pass as
+    arguments; ``pre_image_scale`` and the keyword options are static.
+    """
+
+    @functools.partial(jax.jit, static_argnums=0, static_argnames=("min_distance",))
+    def run(k, low, high, *args, **options):
+        return function(Squashing(low, high, k), *args, **options)
+
+    @functools.wraps(function)
+    def call(bounds: Squashing, *args, **options):
+        return run(bounds.pre_image_scale, bounds.low, bounds.high, *args, **options)
+
+    return call
+
+
+@jax.jit
 def valid_parameters(loc, scale):
     """Where ``loc`` is finite and ``scale`` finite and positive: elsewhere the outputs
     that would otherwise stay finite (a CDF, a quantile, a moment) are made NaN."""
@@ -47,6 +69,7 @@ def _difference(a, b):
     return d, jax.lax.stop_gradient(error)
 
 
+@_compiled
 def forward(bounds: Squashing, pre_image, action):
     """``action``, the bijector's ``f(pre_image)``, with the derivative of ``f`` kept.
 
@@ -117,6 +140,7 @@ def pre_image_from_distances(bounds: Squashing, action, min_distance: float | No
     return pre_image, log_det, on_low, on_high
 
 
+@_compiled
 def log_prob_from_action(bounds: Squashing, action, loc, scale, min_distance=None):
     """``log p(y)`` summed over the last axis; ``loc`` and ``scale`` of ``action``'s shape.
 
@@ -155,6 +179,7 @@ def _distance_floors(low, high, half_range, k, min_distance):
     return jnp.maximum(floor_low, finfo.tiny), jnp.maximum(floor_high, finfo.tiny)
 
 
+@_compiled
 def standardized_pre_image(bounds: Squashing, action, loc, scale):
     """``(f^-1(y) - loc) / scale``: exactly ``-inf`` on and below ``low``, ``+inf`` on and
     above ``high``, NaN for invalid parameters; gradients finite everywhere inside."""
@@ -174,6 +199,7 @@ def standardized_pre_image(bounds: Squashing, action, loc, scale):
 _BISECTION_STEPS = 64
 
 
+@functools.partial(jax.jit, static_argnames="k")
 def mode_pre_image(loc, scale, k: float):
     """The ``x`` that maximises ``log p(f(x))``, per dimension, gradients stopped.
 
@@ -221,6 +247,7 @@ _TRAPEZOID_STEP = 0.25
 _TRAPEZOID_NODES = np.arange(-80, 81) * _TRAPEZOID_STEP
 
 
+@_compiled
 def moments(bounds: Squashing, loc, scale):
     """The mean and variance of ``y = f(x)``, ``x ~ N(loc, scale)``, per dimension."""
     k = bounds.pre_image_scale
@@ -306,6 +333,7 @@ def _legendre_rule():
 _ENTROPY_NODES, _ENTROPY_WEIGHTS = _legendre_rule()
 
 
+@_compiled
 def entropy(bounds: Squashing, loc, scale):
     """The exact entropy of ``y = f(x)``, ``x ~ N(loc, scale)``, summed over the last axis."""
     k = bounds.pre_image_scale
@@ -370,24 +398,48 @@ def log_prob_from_pre_image(log_det, x, loc, scale):
     return _log_prob_kernel(log_det, x, loc, scale, *params)
 
 
+# The squashing bijectors (a distrax pytree each) pass through jit as arguments: a
+# program per kind of bijector and shape, which a fresh bijector of that kind reuses.
+
+
+@jax.jit
+def squashing_log_prob_from_pre_image(bijector, x, loc, scale):
+    """:func:`log_prob_from_pre_image` with ``bijector.forward_log_det_jacobian``."""
+    return log_prob_from_pre_image(bijector.forward_log_det_jacobian, x, loc, scale)
+
+
+@jax.jit
+def squashing_entropy_estimate(bijector, loc, scale, eps):
+    """:func:`entropy_estimate` with ``bijector.forward_log_det_jacobian``."""
+    return entropy_estimate(bijector.forward_log_det_jacobian, loc, scale, eps)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _log_prob_kernel(log_det, x, loc, scale, *params):
     return _log_prob_forward(log_det, x, loc, scale, *params)[0]
 
 
 def _log_prob_forward(log_det, x, loc, scale, *params):
+    log_dets, log_det_vjp = jax.vjp(log_det, x, *params)
+    log_prob, d_loc, d_scale = _normal_log_prob_and_derivatives(x, loc, scale, log_dets)
+    d_x = -d_loc - log_det_vjp(jnp.ones_like(log_dets))[0]
+    return log_prob, (d_x, d_loc, d_scale, log_det_vjp)
+
+
+@jax.jit
+def _normal_log_prob_and_derivatives(x, loc, scale, log_dets):
+    """``sum(log N(x; loc, scale) - log_dets, -1)`` and the derivatives of ``log N``
+    with respect to ``loc`` and ``scale`` (that with respect to ``x`` is ``-d_loc``)."""
     inverse_scale = 1.0 / scale
     standardized = (x - loc) * inverse_scale
-    log_dets, log_det_vjp = jax.vjp(log_det, x, *params)
     # (-0.5 * z) * z, not -0.5 * (z * z): sharing z * z with d_scale below makes
     # XLA's CPU backend fuse a PPO loss step into loops about 1.2x slower.
     log_prob = jnp.sum(
         -0.5 * standardized * standardized - (HALF_LOG_2PI + jnp.log(scale)) - log_dets, axis=-1
     )
     d_loc = standardized * inverse_scale
-    d_x = -d_loc - log_det_vjp(jnp.ones_like(log_dets))[0]
     d_scale = (jnp.square(standardized) - 1.0) * inverse_scale
-    return log_prob, (d_x, d_loc, d_scale, log_det_vjp)
+    return log_prob, d_loc, d_scale
 
 
 def _log_prob_backward(log_det, residuals, cotangent):
@@ -418,12 +470,20 @@ def _entropy_estimate_kernel(log_det, num_samples, loc, scale, eps, *params):
 def _entropy_estimate_forward(log_det, num_samples, loc, scale, eps, *params):
     # eps has a leading sample axis; the estimate averages over it.
     log_dets, log_det_vjp = jax.vjp(log_det, loc[None] + scale[None] * eps, *params)
+    derivative = log_det_vjp(jnp.ones_like(log_dets))[0]
+    entropy, d_loc, d_scale = _entropy_estimate_and_derivatives(scale, eps, log_dets, derivative)
+    return entropy, (d_loc, d_scale, log_det_vjp)
+
+
+@jax.jit
+def _entropy_estimate_and_derivatives(scale, eps, log_dets, derivative):
+    """The estimate from the log-determinants at ``loc + scale * eps``, and its
+    derivatives with respect to ``loc`` and ``scale`` from theirs."""
     mean_log_det = jnp.mean(log_dets, axis=0)
     entropy = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(scale) + mean_log_det, axis=-1)
-    derivative = log_det_vjp(jnp.ones_like(log_dets))[0]
     d_loc = jnp.mean(derivative, axis=0)
     d_scale = 1.0 / scale + jnp.mean(derivative * eps, axis=0)
-    return entropy, (d_loc, d_scale, log_det_vjp)
+    return entropy, d_loc, d_scale
 
 
 def _entropy_estimate_backward(log_det, num_samples, residuals, cotangent):

@@ -221,25 +221,11 @@ class BoundedTanh(distrax.Bijector):
         """Its bounds, with pre-image scale 1."""
         return Squashing(self.low, self.high, 1.0)
 
-    def _broadcast(self, x):
-        """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
-        x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            x = x.astype(jnp.result_type(float))  # as distrax.Tanh: integers become floats
-        # Explicit, as distrax.ScalarAffine does: the bounds are batched parameters.
-        shape = jax.lax.broadcast_shapes(jnp.shape(self.low), x.shape)
-        x, low, high = (jnp.broadcast_to(a, shape) for a in (x, self.low, self.high))
-        return x, low, high, (high + low) / 2, (high - low) / 2
-
     def forward_and_log_det(self, x):
-        x, low, high, center, half_range = self._broadcast(x)
-        y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
-        return y, jnp.log(half_range) + tanh_log_det(x)
+        return _bounded_tanh_forward(x, self.low, self.high)
 
     def inverse_and_log_det(self, y):
-        y, _, _, center, half_range = self._broadcast(y)
-        x = jnp.arctanh((y - center) / half_range)
-        return x, -(jnp.log(half_range) + tanh_log_det(x))
+        return _bounded_tanh_inverse(y, self.low, self.high)
 
     def same_as(self, other: distrax.Bijector) -> bool:
         """Whether ``other`` is guaranteed to be the same map: a ``BoundedTanh`` with
@@ -258,6 +244,32 @@ class BoundedTanh(distrax.Bijector):
             True
         """
         return same_map(self, other) is True
+
+
+def _broadcast_bounds(x, low, high):
+    """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.result_type(float))  # as distrax.Tanh: integers become floats
+    # Explicit, as distrax.ScalarAffine does: the bounds are batched parameters.
+    shape = jax.lax.broadcast_shapes(jnp.shape(low), x.shape)
+    x, low, high = (jnp.broadcast_to(a, shape) for a in (x, low, high))
+    return x, low, high, (high + low) / 2, (high - low) / 2
+
+
+# Jitted, so that an eager call runs one program rather than one per operation.
+@jax.jit
+def _bounded_tanh_forward(x, low, high):
+    x, low, high, center, half_range = _broadcast_bounds(x, low, high)
+    y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
+    return y, jnp.log(half_range) + tanh_log_det(x)
+
+
+@jax.jit
+def _bounded_tanh_inverse(y, low, high):
+    y, _, _, center, half_range = _broadcast_bounds(y, low, high)
+    x = jnp.arctanh((y - center) / half_range)
+    return x, -(jnp.log(half_range) + tanh_log_det(x))
 
 
 def _bound_dtype(value) -> np.dtype:

@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 import distrax
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
@@ -59,12 +60,18 @@ def squashed_normal(
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
     mean_and_std = mean_and_std.astype(_computing_dtype(mean_and_std.dtype))
+    mean, std = _mean_and_softplus_std(mean_and_std, min_std, std_scale)
+    return SquashedNormal(mean, std, bijector)
+
+
+@jax.jit  # one program, not one per operation, when called eagerly
+def _mean_and_softplus_std(mean_and_std, min_std, std_scale):
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
     # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
     mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
     # Floored at the smallest normal float: below it XLA flushes the std to zero.
     std = jnp.maximum((softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
-    return SquashedNormal(mean, std, bijector)
+    return mean, std
 
 
 def normal_tanh(

@@ -333,6 +333,10 @@ class SquashedNormal(distrax.Transformed):
             Array(-377.02, dtype=float32)
         """
         pre_image, loc, scale = self._broadcast("pre_image", pre_image)
+        if squashing(self.bijector) is not None:
+            return _squashed.squashing_log_prob_from_pre_image(
+                self._elementwise, pre_image, loc, scale
+            )
         return _squashed.log_prob_from_pre_image(self._log_det, pre_image, loc, scale)
 
     def forward_and_log_prob(
@@ -457,6 +461,10 @@ class SquashedNormal(distrax.Transformed):
         """
         num_samples = _checks.positive_int("num_samples", num_samples)
         eps = _pre_images.standard_normal(seed, self._loc, num_samples)
+        if squashing(self.bijector) is not None:
+            return _squashed.squashing_entropy_estimate(
+                self._elementwise, self._loc, self._scale, eps
+            )
         return _squashed.entropy_estimate(self._log_det, self._loc, self._scale, eps)
 
     def entropy_quadrature(self, num_points: int = 8) -> Float[Array, "*batch"]:
