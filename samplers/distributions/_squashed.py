@@ -15,20 +15,20 @@ import numpy as np
 from jax.scipy import special
 
 from samplers._numerics import HALF_LOG_2PI, log_ndtr, tanh, tanh_log_det
-from samplers.distributions.bijectors import Squashing
+from samplers.distributions.bijectors import Squashing, squashing
 
 
 def _compiled(function):
-    """``function(bounds, *arrays, **options)`` as one XLA program per pre-image scale,
-    options, shapes and dtypes.
+    """``function(bounds, *args, **options)`` as one XLA program per pre-image scale,
+    shapes and dtypes.
 
     Called eagerly, a method then runs one compiled program instead of dispatching
     (and, on a new shape, compiling) each of its operations; under an outer ``jit``
-    it is inlined. The bounds are traced, so their values and gradients pass as
-    arguments; ``pre_image_scale`` and the keyword options are static.
+    it is inlined. ``pre_image_scale`` is static; the bounds and the other
+    arguments are traced (``None`` stays ``None``).
     """
 
-    @functools.partial(jax.jit, static_argnums=0, static_argnames=("min_distance",))
+    @functools.partial(jax.jit, static_argnums=0)
     def run(k, low, high, *args, **options):
         return function(Squashing(low, high, k), *args, **options)
 
@@ -44,6 +44,13 @@ def valid_parameters(loc, scale):
     """Where ``loc`` is finite and ``scale`` finite and positive: elsewhere the outputs
     that would otherwise stay finite (a CDF, a quantile, a moment) are made NaN."""
     return jnp.isfinite(loc) & (scale > 0) & (scale < jnp.inf)
+
+
+@jax.jit
+def nan_where_invalid(loc, scale):
+    """``loc`` and ``scale``, NaN in the dimensions whose parameters are not valid."""
+    valid = valid_parameters(loc, scale)
+    return jnp.where(valid, loc, jnp.nan), jnp.where(valid, scale, jnp.nan)
 
 
 def log_normal(x, loc, scale):
@@ -400,6 +407,15 @@ def log_prob_from_pre_image(log_det, x, loc, scale):
 
 # The squashing bijectors (a distrax pytree each) pass through jit as arguments: a
 # program per kind of bijector and shape, which a fresh bijector of that kind reuses.
+
+
+@jax.jit
+def squashing_forward(bijector, pre_image):
+    """:func:`forward` of ``bijector.forward(pre_image)``, for a bijector with a squashing."""
+    bounds = squashing(bijector)
+    if bounds is None:
+        raise TypeError(f"{type(bijector).__name__} declares no squashing.")
+    return forward(bounds, pre_image, bijector.forward(pre_image))
 
 
 @jax.jit

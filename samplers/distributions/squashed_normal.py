@@ -106,8 +106,7 @@ class SquashedNormal(distrax.Transformed):
                 f"e.g. distrax.Tanh() rather than distrax.Block(distrax.Tanh(), 1)."
             )
         _check_keeps_shape(bijector, loc)
-        valid = _squashed.valid_parameters(loc, scale)
-        loc, scale = (jnp.where(valid, a, jnp.nan) for a in (loc, scale))
+        loc, scale = _squashed.nan_where_invalid(loc, scale)
         super().__init__(
             distrax.Independent(distrax.Normal(loc, scale), 1), distrax.Block(bijector, 1)
         )
@@ -155,9 +154,9 @@ class SquashedNormal(distrax.Transformed):
         """``f(pre_image)``, the shape of ``pre_image``; for the squashings, differentiated
         with ``f'(x) > 0`` also where ``f(x)`` rounds onto a bound (autodiff of float32
         ``tanh`` gives 0 there)."""
-        action = jnp.asarray(self.bijector.forward(pre_image))
-        bounds = squashing(self.bijector)
-        return action if bounds is None else _squashed.forward(bounds, pre_image, action)
+        if squashing(self.bijector) is None:
+            return jnp.asarray(self.bijector.forward(pre_image))
+        return _squashed.squashing_forward(self._elementwise, pre_image)
 
     def _remember(self, pre_image) -> Array:
         """``f(pre_image)``, remembered with its pre-image for :meth:`log_prob`."""

@@ -26,7 +26,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers._numerics import k3
-from samplers.distributions.bijectors import Tanh, squashing
+from samplers.distributions.bijectors import Squashing, Tanh, squashing
 from samplers.distributions.constructors import squashed_normal, squashed_normal_from_log_std
 from samplers.distributions.squashed_normal import SquashedNormal
 from samplers.heads.action_sampler import ActionSampler
@@ -252,11 +252,7 @@ class SquashedNormalSampler(ActionSampler):
         metrics = {"mu": dist.loc, "sigma": dist.scale}
         bounds = squashing(self.bijector)
         if bounds is not None:
-            distances = bounds.distances(action)
-            # A NaN action is neither on a bound nor off it: its saturation is NaN.
-            on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
-            metrics["saturation"] = jnp.mean(on_bound, axis=-1, dtype=action.dtype)
-            metrics["bound_distance"] = jnp.min(distances, axis=-1)
+            metrics["saturation"], metrics["bound_distance"] = _bound_metrics(bounds, action)
         if old_log_likelihood is not None:
             log_ratio = log_likelihood - old_log_likelihood
             metrics["log_ratio"] = log_ratio
@@ -459,3 +455,12 @@ def _check_precision(name: str, stored: Array, dtype) -> None:
             f"emitted, so its log-likelihood and the PPO ratio change; store rollout_extras "
             f"in {dtype}, as the rollout call emitted them."
         )
+
+
+@jax.jit
+def _bound_metrics(bounds: Squashing, action):
+    """The fraction of each action's dimensions on a bound, and its smallest distance."""
+    distances = bounds.distances(action)
+    # A NaN action is neither on a bound nor off it: its saturation is NaN.
+    on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
+    return jnp.mean(on_bound, axis=-1, dtype=action.dtype), jnp.min(distances, axis=-1)
