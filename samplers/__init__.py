@@ -5,7 +5,8 @@ Two layers, one direction of imports:
 - :mod:`samplers.distributions`, the pure layer: network outputs in, real
   ``distrax`` objects out (:func:`normal_tanh`, :func:`squashed_normal`,
   :class:`SquashedNormal`, the bijectors :class:`Tanh`, :class:`Sigmoid`,
-  :class:`BoundedTanh`, and diagnostics of the actions);
+  :class:`BoundedTanh`, :class:`MaskedCategorical` for discrete actions with a
+  mask, and diagnostics of the actions);
 - :mod:`samplers.heads`, the NNX shell: :class:`SquashedNormalSampler` (and its
   specified name :class:`NormalTanhSampler`), :class:`StateIndependentSampler`
   and :class:`DistributionSampler` hold the RNG stream, deterministic mode and
@@ -17,6 +18,7 @@ Two layers, one direction of imports:
 from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode_pre_image
 from samplers.distributions import (
     BoundedTanh,
+    MaskedCategorical,
     Sigmoid,
     SquashedNormal,
     Squashing,
@@ -46,6 +48,7 @@ __all__ = [
     "BoundedTanh",
     "CrossCheckReport",
     "DistributionSampler",
+    "MaskedCategorical",
     "NormalTanhSampler",
     "Sigmoid",
     "SquashedNormal",

@@ -22,6 +22,7 @@ def test_public_names_are_pinned():
         "BoundedTanh",
         "CrossCheckReport",
         "DistributionSampler",
+        "MaskedCategorical",
         "NormalTanhSampler",
         "Sigmoid",
         "SquashedNormal",

@@ -1,13 +1,15 @@
 """The pure layer: network outputs in, real ``distrax`` objects out.
 
 Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
-:class:`SquashedNormal` distribution (:mod:`.squashed_normal`), its constructors
+:class:`SquashedNormal` distribution (:mod:`.squashed_normal`), the
+:class:`MaskedCategorical` (:mod:`.categorical`), the squashed Normal's constructors
 from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 (:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
 never the other way round.
 """
 
 from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
+from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.constructors import (
     normal_tanh,
     squashed_normal,
@@ -26,6 +28,7 @@ from samplers.distributions import kl  # noqa: F401  # isort: skip
 
 __all__ = [
     "BoundedTanh",
+    "MaskedCategorical",
     "Sigmoid",
     "SquashedNormal",
     "Squashing",
