@@ -107,6 +107,13 @@ def test_an_allowed_nan_or_plus_infinite_logit_makes_its_row_nan():
     assert np.all(np.asarray(dist.sample(seed=jax.random.key(0), sample_shape=50)) == 0)
 
 
+def test_a_value_that_is_no_action_index_scores_nan_and_one_outside_the_range_minus_inf():
+    dist = samplers.MaskedCategorical(jnp.zeros(3))
+    scores = np.asarray(dist.log_prob(jnp.array([jnp.nan, 1.5, 1.0, 3.0, -1.0, jnp.inf])))
+    expected = [np.nan, np.nan, -np.log(3.0), -np.inf, -np.inf, -np.inf]
+    np.testing.assert_allclose(scores, expected, rtol=1e-6)
+
+
 def test_mode_is_the_most_probable_allowed_action():
     mode = np.asarray(_dist().mode())
     expected = np.argmax(np.where(MASK, np.nan_to_num(LOGITS, posinf=1e300), -np.inf), axis=-1)

@@ -93,7 +93,8 @@ class MaskedCategorical(distrax.Categorical):
         """Log-probability of action indices, shape broadcastable with ``[*batch]``.
 
         ``-inf`` for a masked action or an index outside ``[0, num_actions)``; NaN
-        in a row without an allowed action. Unlike ``distrax.Categorical``'s, it
+        in a row without an allowed action, and for a float value that is not a
+        whole number (NaN included). Unlike ``distrax.Categorical``'s, it
         broadcasts explicitly, so a leading sample axis also works under
         ``jax_numpy_rank_promotion="raise"``.
 
@@ -109,10 +110,15 @@ class MaskedCategorical(distrax.Categorical):
         shape = jnp.broadcast_shapes(value.shape, self.batch_shape)
         log_probs = jnp.broadcast_to(self.logits, (*shape, self.num_categories))
         index = jnp.broadcast_to(value, shape)
+        # A float that is not a whole number (NaN included) is no action: NaN, where
+        # distrax.Categorical gives it 0.0.
+        not_an_index = False
+        if jnp.issubdtype(index.dtype, jnp.floating):
+            not_an_index = index != jnp.floor(index)
         inside = (index >= 0) & (index < self.num_categories)
         index = jnp.where(inside, index, 0).astype(jnp.int32)
         picked = jnp.take_along_axis(log_probs, index[..., None], axis=-1)[..., 0]
-        return jnp.where(inside, picked, -jnp.inf)
+        return jnp.where(not_an_index, jnp.nan, jnp.where(inside, picked, -jnp.inf))
 
     def prob(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
         """``exp(log_prob(value))``: exactly 0 for a masked action."""
