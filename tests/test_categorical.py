@@ -95,7 +95,12 @@ def test_a_row_without_an_allowed_action_is_nan_and_gives_action_zero():
     assert dist.mode()[NO_ACTION] == 0
     samples = dist.sample(seed=jax.random.key(0), sample_shape=100)
     assert np.all(np.asarray(samples)[:, NO_ACTION] == 0)
-    # distrax.Categorical, for contrast, samples -1 there: the last action, to jnp indexing.
+    # For contrast: TFP with a finite fill scores every action of that row 0.0 in float32
+    # (log 4 is below the float spacing at 1e9), and distrax.Categorical with -inf
+    # samples -1, the last action to jnp indexing.
+    with jax.numpy_rank_promotion("allow"):  # TFP's log_prob broadcasts implicitly
+        finite_fill = tfd.Categorical(logits=jnp.full(4, -1e9, jnp.float32))
+        assert [float(finite_fill.log_prob(a)) for a in range(4)] == [0.0] * 4
     masked = jnp.where(jnp.asarray(MASK), jnp.asarray(LOGITS, jnp.float32), -jnp.inf)
     assert int(distrax.Categorical(masked[NO_ACTION]).sample(seed=jax.random.key(0))) == -1
 
