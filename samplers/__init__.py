@@ -19,6 +19,8 @@ from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode
 from samplers.distributions import (
     BoundedTanh,
     MaskedCategorical,
+    MultiBinary,
+    MultiDiscrete,
     Sigmoid,
     SquashedNormal,
     Squashing,
@@ -33,22 +35,31 @@ from samplers.distributions import (
 )
 from samplers.heads import (
     ActionSampler,
+    CategoricalSampler,
     DistributionSampler,
+    MultiBinarySampler,
+    MultiDiscreteSampler,
     NormalTanhSampler,
     SquashedNormalSampler,
     StatefulModule,
     StatefulModuleOutput,
     StateIndependentSampler,
     functional,
+    head_for,
 )
 from samplers.testing import CrossCheckReport, cross_check
 
 __all__ = [
     "ActionSampler",
     "BoundedTanh",
+    "CategoricalSampler",
     "CrossCheckReport",
     "DistributionSampler",
     "MaskedCategorical",
+    "MultiBinary",
+    "MultiBinarySampler",
+    "MultiDiscrete",
+    "MultiDiscreteSampler",
     "NormalTanhSampler",
     "Sigmoid",
     "SquashedNormal",
@@ -61,6 +72,7 @@ __all__ = [
     "bound_distance",
     "cross_check",
     "functional",
+    "head_for",
     "kl_divergence",
     "log_prob_from_action",
     "mode",

@@ -77,3 +77,44 @@ def positive_int(name: str, value) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value}.")
     return int(value)
+
+
+def nvec(value) -> tuple[int, ...]:
+    """Returns ``value`` as a tuple of positive integers, a ``MultiDiscrete``'s sizes.
+
+    Raises:
+        ValueError: ``value`` is empty, not one-dimensional, not integers, or below 1.
+    """
+    values = np.asarray(value)
+    if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(
+            f"nvec must be a non-empty sequence of integers (the choices per sub-action), "
+            f"got {value!r}."
+        )
+    if np.any(values < 1):
+        raise ValueError(f"nvec must be positive (each sub-action has a choice), got {value!r}.")
+    return tuple(int(n) for n in values)
+
+
+def stored_action_dtype(action: jax.Array, dtype) -> None:
+    """Refuses a stored action that ``log_prob`` would take for another action."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        if jnp.issubdtype(action.dtype, jnp.integer) or action.dtype == dtype:
+            return
+        raise TypeError(
+            f"rollout_extras must have an integer dtype, as this distribution samples "
+            f"{dtype} actions, got {action.dtype}: distrax scores a non-integer action "
+            f"such as 1.7 silently (a Categorical as log-likelihood 0); store the sampled "
+            f"actions, or cast with .astype(jnp.{dtype})."
+        )
+    if jnp.issubdtype(action.dtype, jnp.floating) and (
+        jnp.finfo(action.dtype).bits >= jnp.finfo(dtype).bits
+    ):
+        return
+    raise TypeError(
+        f"rollout_extras must have a floating dtype of at least {jnp.finfo(dtype).bits} "
+        f"bits, as this distribution samples {dtype} actions, got {action.dtype}: an "
+        f"integer or rounded action is not the sampled one, so its log-likelihood and the "
+        f"PPO ratio change; store the actions as the rollout call emitted them, or cast "
+        f"with .astype(jnp.{dtype})."
+    )

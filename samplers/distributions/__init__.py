@@ -2,7 +2,8 @@
 
 Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
 :class:`SquashedNormal` distribution (:mod:`.squashed_normal`), the
-:class:`MaskedCategorical` (:mod:`.categorical`), the squashed Normal's constructors
+:class:`MaskedCategorical` (:mod:`.categorical`), :class:`MultiDiscrete` and
+:class:`MultiBinary` (:mod:`.discrete`), the squashed Normal's constructors
 from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 (:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
 never the other way round.
@@ -21,6 +22,7 @@ from samplers.distributions.diagnostics import (
     ppo_log_ratio_stats,
     saturation_fraction,
 )
+from samplers.distributions.discrete import MultiBinary, MultiDiscrete
 from samplers.distributions.squashed_normal import SquashedNormal
 
 # Registers the KL divergence of two squashed Normals with TFP.
@@ -29,6 +31,8 @@ from samplers.distributions import kl  # noqa: F401  # isort: skip
 __all__ = [
     "BoundedTanh",
     "MaskedCategorical",
+    "MultiBinary",
+    "MultiDiscrete",
     "Sigmoid",
     "SquashedNormal",
     "Squashing",

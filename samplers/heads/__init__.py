@@ -7,9 +7,11 @@ replay; the entropy cost and metrics.
 """
 
 from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
 from samplers.heads.distribution_sampler import DistributionSampler
 from samplers.heads.functional import functional
 from samplers.heads.module import StatefulModule, StatefulModuleOutput
+from samplers.heads.spaces import head_for
 from samplers.heads.squashed_normal import (
     NormalTanhSampler,
     SquashedNormalSampler,
@@ -18,11 +20,15 @@ from samplers.heads.squashed_normal import (
 
 __all__ = [
     "ActionSampler",
+    "CategoricalSampler",
     "DistributionSampler",
+    "MultiBinarySampler",
+    "MultiDiscreteSampler",
     "NormalTanhSampler",
     "SquashedNormalSampler",
     "StateIndependentSampler",
     "StatefulModule",
     "StatefulModuleOutput",
     "functional",
+    "head_for",
 ]

@@ -146,7 +146,7 @@ class DistributionSampler(ActionSampler):
             action = dist.mode() if deterministic else self._sample(params, sample_key)
         else:
             action = jnp.asarray(rollout_extras)
-            _check_stored_dtype(action, dist.dtype)
+            _checks.stored_action_dtype(action, dist.dtype)
             expected = dist.batch_shape + dist.event_shape
             if action.shape != expected:
                 raise ValueError(
@@ -170,27 +170,3 @@ class DistributionSampler(ActionSampler):
         draw = jax.vmap(lambda p, k: self.distribution(p).sample(seed=k))
         samples = draw(flat, key.reshape(-1))
         return samples.reshape(*batch_shape, *samples.shape[1:])
-
-
-def _check_stored_dtype(action: Array, dtype) -> None:
-    """Refuses a stored action that ``log_prob`` would take for another action."""
-    if not jnp.issubdtype(dtype, jnp.floating):
-        if jnp.issubdtype(action.dtype, jnp.integer) or action.dtype == dtype:
-            return
-        raise TypeError(
-            f"rollout_extras must have an integer dtype, as this distribution samples "
-            f"{dtype} actions, got {action.dtype}: distrax scores a non-integer action "
-            f"such as 1.7 silently (a Categorical as log-likelihood 0); store the sampled "
-            f"actions, or cast with .astype(jnp.{dtype})."
-        )
-    if jnp.issubdtype(action.dtype, jnp.floating) and (
-        jnp.finfo(action.dtype).bits >= jnp.finfo(dtype).bits
-    ):
-        return
-    raise TypeError(
-        f"rollout_extras must have a floating dtype of at least {jnp.finfo(dtype).bits} "
-        f"bits, as this distribution samples {dtype} actions, got {action.dtype}: an "
-        f"integer or rounded action is not the sampled one, so its log-likelihood and the "
-        f"PPO ratio change; store the actions as the rollout call emitted them, or cast "
-        f"with .astype(jnp.{dtype})."
-    )

@@ -71,6 +71,10 @@ class SquashedNormalSampler(ActionSampler):
         entropy_weight: Weight of the entropy bonus, finite (required).
         min_std: Floor added to the softplus, ``>= 0``.
         std_scale: Factor applied to the std, ``> 0``.
+        action_dim: The number of action dimensions, keyword-only, if known:
+            then :attr:`num_params` is ``2 * action_dim`` and a call refuses an
+            input of another width. ``None`` (the default) takes the action
+            dimension from each input.
         **options: Keyword-only, those below.
         bijector: Elementwise squashing: ``samplers.Tanh()`` (the default),
             ``samplers.BoundedTanh(low, high)``, ``distrax.Sigmoid()``,
@@ -138,11 +142,31 @@ class SquashedNormalSampler(ActionSampler):
         entropy_weight: float | None = None,
         min_std: float = 1e-3,
         std_scale: float = 1.0,
+        *,
+        action_dim: int | None = None,
         **options,
     ):
         self._init_head(rngs, entropy_weight, **options)
         self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
         self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
+        self.action_dim = (
+            None if action_dim is None else _checks.positive_int("action_dim", action_dim)
+        )
+
+    @property
+    def num_params(self) -> int:
+        """``2 * action_dim``, the width of ``[mean | raw_std]``.
+
+        Raises:
+            AttributeError: the head was built without ``action_dim``.
+        """
+        if self.action_dim is None:
+            raise AttributeError(
+                f"{type(self).__name__} was built without action_dim, so its input width "
+                f"is 2 * the action dimension of each input; pass action_dim= (or build it "
+                f"with samplers.head_for) to fix num_params."
+            )
+        return 2 * self.action_dim
 
     def _init_head(
         self,
@@ -175,6 +199,12 @@ class SquashedNormalSampler(ActionSampler):
 
     def distribution(self, mean_and_std: Float[Array, "*batch params"], /) -> SquashedNormal:
         """The distribution this sampler draws from for the given network output."""
+        if self.action_dim is not None and jnp.shape(mean_and_std)[-1:] != (self.num_params,):
+            raise ValueError(
+                f"{type(self).__name__} expects [mean | raw_std] of shape "
+                f"[*batch, {self.num_params}] (2 * action_dim), got {jnp.shape(mean_and_std)}; "
+                f"size the network's last layer to head.num_params."
+            )
         return squashed_normal(
             mean_and_std, self.bijector, min_std=self.min_std, std_scale=self.std_scale
         )
@@ -372,6 +402,11 @@ class StateIndependentSampler(SquashedNormalSampler):
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
         self.log_std = nnx.Param(jnp.full((self.action_dim,), math.log(initial_std)))
+
+    @property
+    def num_params(self) -> int:
+        """``action_dim``: the input is the mean alone."""
+        return self.action_dim
 
     def distribution(self, mean: Float[Array, "*batch action"], /) -> SquashedNormal:
         """The distribution for the given means, with the learned std."""

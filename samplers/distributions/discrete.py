@@ -1,0 +1,176 @@
+"""Vectors of discrete actions: :class:`MultiDiscrete` and :class:`MultiBinary`.
+
+Both are ``distrax.Independent`` over one :class:`MaskedCategorical` per
+sub-action, so that the log-probability and the entropy are sums over the
+sub-actions and every masking rule of :class:`MaskedCategorical` holds per
+sub-action.
+"""
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import distrax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from samplers import _checks
+from samplers.distributions.categorical import MaskedCategorical
+
+
+class MultiDiscrete(distrax.Independent):
+    """Independent categorical sub-actions of uneven sizes ``nvec``, one event.
+
+    The network output is flat, ``[*batch, sum(nvec)]``: the logits of the
+    first sub-action, then of the second, and so on (the layout of gymnasium's
+    ``MultiDiscrete`` and SB3's). An action is ``[*batch, len(nvec)]`` integers,
+    sub-action ``i`` in ``[0, nvec[i])``. :meth:`log_prob` and :meth:`entropy` are
+    sums over the sub-actions; :meth:`mode` is each sub-action's mode.
+
+    The sub-actions are padded to the largest size with masked choices, as one
+    :class:`MaskedCategorical` of batch shape ``[*batch, len(nvec)]``
+    (:attr:`distribution`), so the masking rules are that class's, per
+    sub-action: a masked choice has probability 0, is never sampled and scores
+    ``-inf``; a sub-action with no allowed choice makes the row's
+    log-probability and entropy NaN and is sampled as 0.
+
+    Args:
+        logits: ``[*batch, sum(nvec)]``, the sub-actions' logits one after the other.
+        nvec: The number of choices of each sub-action, positive integers.
+        mask: ``None`` (all allowed), booleans of ``logits``' shape (flat, True
+            where the choice is allowed), or a sequence of ``len(nvec)`` boolean
+            arrays ``[*batch, nvec[i]]``, one per sub-action.
+        dtype: The dtype of the sampled actions.
+
+    Raises:
+        TypeError: ``logits`` is not floating, or a mask is not boolean.
+        ValueError: ``nvec`` is empty or not positive integers, ``logits``' last
+            axis is not ``sum(nvec)``, or a mask's shape differs.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, samplers
+        >>> dist = samplers.MultiDiscrete(jnp.zeros(5), nvec=(3, 2))
+        >>> dist.event_shape, dist.log_prob(jnp.array([2, 1])), dist.entropy()
+        ((2,), Array(-1.7917595, dtype=float32), Array(1.7917595, dtype=float32))
+        >>> mask = (jnp.array([True, False, False]), jnp.array([True, True]))
+        >>> samplers.MultiDiscrete(jnp.zeros(5), (3, 2), mask).log_prob(jnp.array([0, 1]))
+        Array(-0.6931472, dtype=float32)
+    """
+
+    def __init__(
+        self,
+        logits: Float[ArrayLike, "*batch choices"],
+        nvec: Sequence[int],
+        mask: Bool[ArrayLike, "*batch choices"] | Sequence[ArrayLike] | None = None,
+        dtype: Any = int,
+    ):
+        nvec = _checks.nvec(nvec)
+        logits = _checks.float_array("logits", logits)
+        total = sum(nvec)
+        if logits.ndim < 1 or logits.shape[-1] != total:
+            raise ValueError(
+                f"logits must have shape [*batch, {total}] (sum(nvec) for nvec={nvec}), got "
+                f"{logits.shape}; the network output needs one logit per choice."
+            )
+        if mask is None:
+            mask = jnp.ones(logits.shape, bool)
+        elif isinstance(mask, (list, tuple)):
+            mask = _per_part_mask(mask, nvec, logits.shape[:-1])
+        mask = _boolean_mask(mask, logits.shape)
+        # Choice j of sub-action i sits at flat index offset[i] + j; pads point at 0.
+        offsets = np.cumsum((0, *nvec[:-1]))
+        width = max(nvec)
+        real = np.arange(width)[None, :] < np.asarray(nvec)[:, None]
+        index = np.where(real, offsets[:, None] + np.arange(width)[None, :], 0)
+        padded_logits = jnp.where(real, logits[..., index], -jnp.inf)
+        padded_mask = real & mask[..., index]
+        super().__init__(MaskedCategorical(padded_logits, padded_mask, dtype=dtype), 1)
+        self._nvec = nvec
+
+    @property
+    def nvec(self) -> tuple[int, ...]:
+        """The number of choices of each sub-action."""
+        return self._nvec
+
+
+class MultiBinary(distrax.Independent):
+    """Independent bits, bit ``i`` one with probability ``sigmoid(logits[i])``.
+
+    An action is ``[*batch, num_bits]`` integers 0 or 1; :meth:`log_prob` and
+    :meth:`entropy` are sums over the bits. Each bit is a two-way
+    :class:`MaskedCategorical` with logits ``[0, logits[i]]``
+    (:attr:`distribution`), which is what lets a mask force a bit: ``mask[...,
+    i, v]`` says whether bit ``i`` may take the value ``v``. A bit with one
+    allowed value takes it with probability 1 (log-probability 0, entropy 0,
+    and ``-inf`` for the other value); a bit with neither makes the row NaN and
+    is sampled as 0.
+
+    Args:
+        logits: ``[*batch, num_bits]``, the log-odds of each bit being 1.
+        mask: ``None`` (both values allowed), or booleans ``[*batch, num_bits,
+            2]``: ``mask[..., i, 0]`` allows bit ``i`` to be 0, ``mask[..., i, 1]``
+            to be 1.
+        dtype: The dtype of the sampled actions.
+
+    Raises:
+        TypeError: ``logits`` is not floating, or ``mask`` is not boolean.
+        ValueError: ``logits`` has no bit axis, or ``mask``'s shape is not
+            ``logits.shape + (2,)``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> dist = samplers.MultiBinary(jnp.array([0.0, 2.0]))
+        >>> dist.probs, dist.log_prob(jnp.array([1, 0]))
+        (Array([0.5      , 0.8807971], dtype=float32), Array(-2.8200753, dtype=float32))
+        >>> forced = jnp.array([[True, True], [False, True]])  # bit 1 must be 1
+        >>> samplers.MultiBinary(jnp.array([0.0, 2.0]), forced).log_prob(jnp.array([1, 1]))
+        Array(-0.6931472, dtype=float32)
+    """
+
+    def __init__(
+        self,
+        logits: Float[ArrayLike, "*batch bits"],
+        mask: Bool[ArrayLike, "*batch bits 2"] | None = None,
+        dtype: Any = int,
+    ):
+        logits = _checks.float_array("logits", logits)
+        if logits.ndim < 1:
+            raise ValueError("logits must have a bit axis, shape [*batch, num_bits], got a scalar.")
+        pairs = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)
+        if mask is not None:
+            mask = _boolean_mask(mask, pairs.shape, hint=" (bit i may be 0, bit i may be 1)")
+        super().__init__(MaskedCategorical(pairs, mask, dtype=dtype), 1)
+
+    @property
+    def probs(self) -> Float[Array, "*batch bits"]:
+        """The probability of each bit being 1, after the mask."""
+        log_probs = jnp.asarray(cast(MaskedCategorical, self.distribution).logits)
+        return jnp.exp(log_probs[..., 1])
+
+
+def _per_part_mask(parts, nvec, batch_shape) -> Array:
+    if len(parts) != len(nvec):
+        raise ValueError(
+            f"a per-sub-action mask needs one array per sub-action ({len(nvec)} for "
+            f"nvec={nvec}), got {len(parts)}."
+        )
+    checked = [
+        _boolean_mask(part, (*batch_shape, n), hint=f" for sub-action {i}")
+        for i, (part, n) in enumerate(zip(parts, nvec, strict=True))
+    ]
+    return jnp.concatenate(checked, axis=-1)
+
+
+def _boolean_mask(mask, shape, hint: str = "") -> Array:
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(
+            f"mask must be boolean (True where allowed), got dtype {mask.dtype}; convert it, "
+            f"e.g. mask = legal_actions > 0."
+        )
+    if mask.shape != tuple(shape):
+        raise ValueError(
+            f"mask must have shape {tuple(shape)}{hint}, got {mask.shape}; "
+            f"jnp.broadcast_to(mask, {tuple(shape)}) if it is shared across the batch."
+        )
+    return mask
