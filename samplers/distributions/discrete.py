@@ -82,6 +82,7 @@ class MultiDiscrete(distrax.Independent):
         width = max(nvec)
         real = np.arange(width)[None, :] < np.asarray(nvec)[:, None]
         index = np.where(real, offsets[:, None] + np.arange(width)[None, :], 0)
+        real = np.broadcast_to(real, (*logits.shape[:-1], *real.shape))
         padded_logits = jnp.where(real, logits[..., index], -jnp.inf)
         padded_mask = real & mask[..., index]
         super().__init__(MaskedCategorical(padded_logits, padded_mask, dtype=dtype), 1)

@@ -140,7 +140,8 @@ def _box_squashing(space) -> tuple[int, distrax.Bijector | None]:
         )
     if np.all(low == -1.0) and np.all(high == 1.0):
         return dim, Tanh()
-    return dim, BoundedTanh(low.astype(np.float32), high.astype(np.float32))
+    dtype = np.dtype(space.dtype)
+    return dim, BoundedTanh(low.astype(dtype), high.astype(dtype))
 
 
 def _refuse_start(space, kind: str) -> None:
