@@ -285,15 +285,15 @@ def _choices(dist) -> MaskedCategorical:
 def _mask_metrics(masked, unmasked) -> dict[str, Array]:
     """``allowed_actions`` and ``masked_probability`` per batch element.
 
-    The probability of an allowed action before masking is the product over the
-    sub-actions of the mass their unmasked logits put on allowed choices; the
-    forbidden probability is one minus it, as ``-expm1`` of the summed logs so
-    that a tiny forbidden mass is not rounded away.
+    Each sub-action's forbidden mass is summed from the forbidden choices
+    themselves, so that it is exactly 0 without a forbidden choice and a tiny
+    mass is not rounded away; for several sub-actions the probability that any
+    is forbidden is ``1 - prod(1 - m_i)``, as ``-expm1(sum(log1p(-m_i)))``.
     """
     mask, log_probs = _choices(masked).mask, _choices(unmasked).logits
     allowed = jnp.sum(mask, axis=-1).astype(log_probs.dtype)
-    log_allowed_mass = jax.nn.logsumexp(jnp.where(mask, log_probs, -jnp.inf), axis=-1)
+    forbidden = jnp.exp(jax.nn.logsumexp(jnp.where(mask, -jnp.inf, log_probs), axis=-1))
     if isinstance(masked, distrax.Independent):
         allowed = jnp.prod(allowed, axis=-1)
-        log_allowed_mass = jnp.sum(log_allowed_mass, axis=-1)
-    return {"allowed_actions": allowed, "masked_probability": -jnp.expm1(log_allowed_mass)}
+        forbidden = -jnp.expm1(jnp.sum(jnp.log1p(-forbidden), axis=-1))
+    return {"allowed_actions": allowed, "masked_probability": forbidden}
