@@ -18,7 +18,18 @@ from samplers import _checks
 from samplers.distributions.categorical import MaskedCategorical
 
 
-class MultiDiscrete(distrax.Independent):
+class _SubActions(distrax.Independent):
+    """``distrax.Independent`` over one :class:`MaskedCategorical` per sub-action."""
+
+    def __getitem__(self, index):
+        """Indexes the batch (never the sub-actions), keeping the class and the mask."""
+        sliced = super().__getitem__(index)
+        indexed = object.__new__(type(self))
+        indexed.__dict__ = {**self.__dict__, **sliced.__dict__}
+        return indexed
+
+
+class MultiDiscrete(_SubActions):
     """Independent categorical sub-actions of uneven sizes ``nvec``, one event.
 
     The network output is flat, ``[*batch, sum(nvec)]``: the logits of the
@@ -94,7 +105,7 @@ class MultiDiscrete(distrax.Independent):
         return self._nvec
 
 
-class MultiBinary(distrax.Independent):
+class MultiBinary(_SubActions):
     """Independent bits, bit ``i`` one with probability ``sigmoid(logits[i])``.
 
     An action is ``[*batch, num_bits]`` integers 0 or 1; :meth:`log_prob` and
