@@ -25,7 +25,7 @@ class _SubActions(distrax.Independent):
         """Indexes the batch (never the sub-actions), keeping the class and the mask."""
         sliced = super().__getitem__(index)
         indexed = object.__new__(type(self))
-        indexed.__dict__ = {**self.__dict__, **sliced.__dict__}
+        vars(indexed).update({**vars(self), **vars(sliced)})
         return indexed
 
 
