@@ -119,11 +119,12 @@ class _MaskedSampler(ActionSampler):
                     f"{action.shape}; pass the rollout_extras of the rollout call."
                 )
         action = jax.lax.stop_gradient(action)
+        unmasked = dist if mask is None else self._make(logits, None)
         return StatefulModuleOutput(
             next_state=next_state,
             output={"action": action, "log_likelihood": dist.log_prob(action)},
             regularization_loss=-self.entropy_weight * dist.entropy(),
-            metrics=jax.lax.stop_gradient(_mask_metrics(dist, self._make(logits, None))),
+            metrics=jax.lax.stop_gradient(_mask_metrics(dist, unmasked)),
             rollout_extras=action,
         )
 
