@@ -119,6 +119,36 @@ def test_a_value_that_is_no_action_index_scores_nan_and_one_outside_the_range_mi
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), (jnp.float64, 1e-14)])
+def test_cdf_is_the_float64_cumulative_sum_and_nan_without_a_distribution(dtype, rtol):
+    with jax.enable_x64(dtype == jnp.float64):
+        dist = _dist(dtype)
+        _, probs, _ = _oracle(LOGITS, MASK)
+        cumulative = np.cumsum(np.nan_to_num(probs), axis=-1)
+        # Every value from below the range to past it, floats counted as their floor.
+        values = np.array([-2, -1, 0, 1, 2, 3, 4, 9, -0.5, 0.5, 2.999])
+        expected = np.stack(
+            [
+                np.full(len(LOGITS), 0.0 if v < 0 else 1.0)
+                if v < 0 or v >= 3
+                else cumulative[:, int(np.floor(v))]
+                for v in values
+            ]
+        )
+        expected[:, NO_ACTION] = np.nan
+        got = dist.cdf(jnp.asarray(np.broadcast_to(values[:, None], expected.shape)))
+        np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=rtol, atol=rtol)
+        with np.errstate(divide="ignore"):
+            log_expected = np.log(expected)
+        np.testing.assert_allclose(
+            np.asarray(dist.log_cdf(jnp.asarray(values[:, None])), np.float64),
+            log_expected,
+            rtol=rtol,
+            atol=rtol,
+        )
+        assert bool(jnp.all(jnp.isnan(dist.cdf(jnp.full(LOGITS.shape[0], jnp.nan)))))
+
+
 def test_mode_is_the_most_probable_allowed_action():
     mode = np.asarray(_dist().mode())
     expected = np.argmax(np.where(MASK, np.nan_to_num(LOGITS, posinf=1e300), -np.inf), axis=-1)

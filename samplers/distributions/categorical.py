@@ -120,6 +120,36 @@ class MaskedCategorical(distrax.Categorical):
         picked = jnp.take_along_axis(log_probs, index[..., None], axis=-1)[..., 0]
         return jnp.where(not_an_index, jnp.nan, jnp.where(inside, picked, -jnp.inf))
 
+    def cdf(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
+        """``P(action <= value)``, shape broadcastable with ``[*batch]``.
+
+        0 below 0 and 1 from the last action on; a float value counts as its
+        floor. NaN in a row without an allowed action, where
+        ``distrax.Categorical`` gives 0 and 1 at the ends, and for a NaN value.
+
+        Example:
+            >>> import jax.numpy as jnp, samplers
+            >>> mask = jnp.array([True, False, True, True])
+            >>> samplers.MaskedCategorical(jnp.zeros(4), mask).cdf(jnp.array([0, 1, 2.5, 3]))
+            Array([0.33333334, 0.33333334, 0.6666667 , 1.        ], dtype=float32)
+        """
+        value = jnp.asarray(value)
+        if jnp.issubdtype(value.dtype, jnp.floating):
+            value = jnp.floor(value)
+        shape = jnp.broadcast_shapes(value.shape, self.batch_shape)
+        last = self.num_categories - 1
+        index = jnp.broadcast_to(value, shape)
+        cumulative = jnp.cumsum(jnp.broadcast_to(self.probs, (*shape, last + 1)), axis=-1)
+        inside = jnp.clip(index, 0, last).astype(jnp.int32)
+        picked = jnp.take_along_axis(cumulative, inside[..., None], axis=-1)[..., 0]
+        cdf = jnp.where(index < 0, 0.0, jnp.where(index >= last, 1.0, picked))
+        defined = jnp.broadcast_to(_has_distribution(self.logits), shape) & (index == index)
+        return jnp.where(defined, cdf, jnp.nan)
+
+    def log_cdf(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
+        """``log(cdf(value))``."""
+        return jnp.log(self.cdf(value))
+
     def prob(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
         """``exp(log_prob(value))``: exactly 0 for a masked action."""
         return jnp.exp(self.log_prob(value))
