@@ -23,7 +23,7 @@ import pytest
 from flax import nnx
 
 import samplers
-from samplers.examples import _common, pendulum, pendulum_sac
+from samplers.examples import _common, pendulum, pendulum_sac, tictactoe
 
 ROOT = pathlib.Path(__file__).parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -46,11 +46,12 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     # setuptools ships every module of a package it finds.
     modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
     expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
+    expected |= {"tictactoe.py"}
     assert expected <= modules
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["pendulum", "pendulum_sac", "linen_actor"])
+@pytest.mark.parametrize("module", ["pendulum", "pendulum_sac", "linen_actor", "tictactoe"])
 def test_each_example_runs_as_a_module(module):
     done = subprocess.run(
         [sys.executable, "-m", f"samplers.examples.{module}", "--help"],
@@ -79,6 +80,14 @@ SAC_TINY = {
     "--eval-episodes": ("eval_episodes", 4),
 }
 
+TICTACTOE_TINY = {
+    "--total-steps": ("total_steps", 1024),
+    "--num-envs": ("num_envs", 16),
+    "--rollout-length": ("rollout_length", 16),
+    "--seed": ("seed", 3),
+    "--eval-episodes": ("eval_episodes", 256),
+}
+
 
 def _argv(flags: dict) -> list[str]:
     return [str(word) for flag, (_, value) in flags.items() for word in (flag, value)]
@@ -93,8 +102,9 @@ def _argv(flags: dict) -> list[str]:
             {**SAC_TINY, "--updates-per-step": ("updates_per_step", 2)},
             "pendulum-sac-results",
         ),
+        (tictactoe, TICTACTOE_TINY, "tictactoe-results"),
     ],
-    ids=["pendulum", "pendulum_sac"],
+    ids=["pendulum", "pendulum_sac", "tictactoe"],
 )
 def test_the_command_line_defaults_to_the_config_and_each_flag_sets_its_field(example, flags, out):
     config, args = example.parse_args([])
@@ -397,3 +407,124 @@ def test_pendulum_sac_runs_writes_its_figure_and_learns_the_temperature(tmp_path
     # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
     for name in ("deterministic_return", "random_return"):
         assert -16.3 * 200 <= summary[name] <= 0, name
+
+
+def _tictactoe_outcomes_of_random_play() -> dict[str, float]:
+    """Exact win/draw/loss probabilities of a uniformly random legal player against
+    another, first mover drawn fairly, by recursion over the boards (pure Python)."""
+    lines = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8)]
+    lines.append((2, 4, 6))
+    memo = {}
+
+    def first_mover(board):  # (win, draw, loss) of the player who moved first, "x"
+        if board not in memo:
+            if any(board[a] == board[b] == board[c] != "." for a, b, c in lines):
+                # The player who just moved won.
+                x_moved_last = board.count("x") > board.count("o")
+                memo[board] = (1.0, 0.0, 0.0) if x_moved_last else (0.0, 0.0, 1.0)
+            elif "." not in board:
+                memo[board] = (0.0, 1.0, 0.0)
+            else:
+                mark = "x" if board.count("x") == board.count("o") else "o"
+                free = [i for i, cell in enumerate(board) if cell == "."]
+                after = [first_mover(board[:i] + mark + board[i + 1 :]) for i in free]
+                memo[board] = tuple(sum(part) / len(free) for part in zip(*after, strict=True))
+        return memo[board]
+
+    win, draw, loss = first_mover("." * 9)
+    # The agent moves first in half the games: its wins are then the first mover's.
+    return {"win": (win + loss) / 2, "draw": draw, "loss": (loss + win) / 2}
+
+
+def test_tictactoe_random_play_against_the_opponent_matches_the_exact_outcomes():
+    exact = _tictactoe_outcomes_of_random_play()
+    # The known figures of random play: the first mover wins 58.5%, draws 12.7%.
+    assert exact["draw"] == pytest.approx(0.127, abs=5e-4)
+
+    @jax.jit
+    def games(key):
+        def act(carry, obs, legal, key):
+            return carry, tictactoe.opponent_move(key, legal)
+
+        return tictactoe._games(act, (), key, 20_000)
+
+    total, lost_illegal, over = jax.device_get(games(jax.random.key(0)))
+    assert over.all() and not lost_illegal.any()
+    # 20,000 games: a rate's standard error is below 0.0036.
+    assert np.mean(total == 1.0) == pytest.approx(exact["win"], abs=0.015)
+    assert np.mean(total == 0.0) == pytest.approx(exact["draw"], abs=0.01)
+    assert np.mean(total == -1.0) == pytest.approx(exact["loss"], abs=0.015)
+
+
+def test_tictactoe_opponent_draws_uniformly_among_the_legal_cells_only():
+    keys = jax.random.split(jax.random.key(0), 30_000)
+    legal = jax.random.bernoulli(jax.random.key(1), 0.4, (30_000, 9))
+    legal = legal.at[:, 4].set(True)  # at least one legal cell in every row
+    cells = jax.jit(jax.vmap(tictactoe.opponent_move))(keys, legal)
+    assert bool(jnp.all(jnp.take_along_axis(legal, cells[:, None], axis=1)))
+
+    one_board = jnp.array([True, False, False, False, True, False, False, False, True])
+    cells = jax.jit(jax.vmap(tictactoe.opponent_move, in_axes=(0, None)))(keys, one_board)
+    frequency = np.bincount(np.asarray(cells), minlength=9) / len(keys)
+    np.testing.assert_allclose(frequency[[0, 4, 8]], 1 / 3, atol=0.015)
+
+
+def test_tictactoe_an_occupied_cell_ends_the_game_as_a_loss():
+    # Games where the opponent moved first: one mark on the board, the agent to move.
+    games = jax.jit(jax.vmap(tictactoe.new_game))(jax.random.split(jax.random.key(0), 64))
+    assert bool(jnp.all(games.current_player == tictactoe.AGENT))
+    opened = np.asarray(~games.legal_action_mask).sum(axis=1)
+    assert set(opened) == {0, 1}
+    # pgx observes for the player to move, the agent: its marks first, then the opponent's.
+    obs = np.asarray(tictactoe.observe(games)).reshape(64, 9, 2)
+    np.testing.assert_array_equal(obs.sum(axis=1), np.stack([0 * opened, opened], axis=1))
+    keys = jax.random.split(jax.random.key(1), 64)
+    taken = jnp.argmax(~games.legal_action_mask, axis=1)  # the opponent's cell, or 0
+    after, reward, illegal = jax.jit(jax.vmap(tictactoe.play))(games, taken, keys)
+    np.testing.assert_array_equal(illegal, opened == 1)
+    np.testing.assert_array_equal(reward, np.where(opened == 1, -1.0, 0.0))
+    np.testing.assert_array_equal(after.terminated, opened == 1)
+    # The others go on, the agent to move again after the opponent's reply.
+    going = ~np.asarray(after.terminated)
+    assert bool(jnp.all(after.current_player[going] == tictactoe.AGENT))
+    np.testing.assert_array_equal((~after.legal_action_mask[going]).sum(axis=1), 2)
+
+
+def test_tictactoe_refuses_compare_without_the_mask():
+    config, args = tictactoe.parse_args(["--no-mask"])
+    assert not config.mask and not args.compare
+    config, args = tictactoe.parse_args(["--compare"])
+    assert config.mask and args.compare
+    with pytest.raises(SystemExit, match="--compare trains with and without the mask"):
+        tictactoe.parse_args(["--compare", "--no-mask"])
+
+
+@pytest.mark.slow
+def test_tictactoe_runs_with_and_without_the_mask_and_the_masked_agent_plays_only_legal_moves(
+    tmp_path,
+):
+    argv = [*_argv(TICTACTOE_TINY), "--compare", "--out", str(tmp_path), "--no-progress"]
+    summary = tictactoe.main(argv)
+
+    assert (tmp_path / "tictactoe.png").read_bytes()[:8] == PNG
+    assert json.loads((tmp_path / "summary.json").read_text())["without_mask"]["steps"] == 1024
+    unmasked = summary["without_mask"]
+    assert summary["config"]["mask"] and not unmasked["config"]["mask"]
+    # Replayed in the rollout's shapes under the stored masks, before any update, the
+    # stored moves score the stored log-likelihoods exactly.
+    assert summary["replay_ratio_error"] == 0.0
+    assert unmasked["replay_ratio_error"] == 0.0
+    assert summary["minibatch_ratio_error"] < 1e-5
+    # The masked agent never takes an occupied cell, in training or in evaluation.
+    assert summary["illegal_moves"] == 0
+    assert summary["greedy"]["illegal_loss"] == summary["sampled"]["illegal_loss"] == 0.0
+    # A near-uniform policy without the mask does: 4 iterations of 256 moves.
+    assert unmasked["illegal_moves"] > 0 and unmasked["sampled"]["illegal_loss"] > 0
+    # The head's masked_probability: positive with a mask (cells are taken), 0 without.
+    assert all(0 < p < 1 for p in summary["masked_probability"])
+    assert unmasked["masked_probability"] == [0.0] * 4
+    for run in (summary, unmasked):
+        for kind in ("greedy", "sampled", "random"):
+            games = run[kind]
+            assert games["finished"] == 1.0
+            assert games["win"] + games["draw"] + games["loss"] == pytest.approx(1.0)
