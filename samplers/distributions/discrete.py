@@ -1,15 +1,16 @@
 """Vectors of discrete actions: :class:`MultiDiscrete` and :class:`MultiBinary`.
 
-Both are ``distrax.Independent`` over one :class:`MaskedCategorical` per
-sub-action, so that the log-probability and the entropy are sums over the
-sub-actions and every masking rule of :class:`MaskedCategorical` holds per
-sub-action.
+Both are ``distrax.Independent`` over one distribution per sub-action (a
+:class:`MaskedCategorical`, a Bernoulli), so that the log-probability and the
+entropy are sums over the sub-actions and the masking rules of
+:class:`MaskedCategorical` hold per sub-action.
 """
 
 from collections.abc import Sequence
 from typing import Any, cast
 
 import distrax
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -19,7 +20,7 @@ from samplers.distributions.categorical import MaskedCategorical
 
 
 class _SubActions(distrax.Independent):
-    """``distrax.Independent`` over one :class:`MaskedCategorical` per sub-action."""
+    """``distrax.Independent`` over one distribution per sub-action."""
 
     def __getitem__(self, index):
         """Indexes the batch (never the sub-actions), keeping the class and the mask."""
@@ -109,13 +110,15 @@ class MultiBinary(_SubActions):
     """Independent bits, bit ``i`` one with probability ``sigmoid(logits[i])``.
 
     An action is ``[*batch, num_bits]`` integers 0 or 1; :meth:`log_prob` and
-    :meth:`entropy` are sums over the bits. Each bit is a two-way
-    :class:`MaskedCategorical` with logits ``[0, logits[i]]``
-    (:attr:`distribution`), which is what lets a mask force a bit: ``mask[...,
-    i, v]`` says whether bit ``i`` may take the value ``v``. A bit with one
-    allowed value takes it with probability 1 (log-probability 0, entropy 0,
-    and ``-inf`` for the other value); a bit with neither makes the row NaN and
-    is sampled as 0.
+    :meth:`entropy` are sums over the bits. It is
+    ``distrax.Independent(distrax.Bernoulli(logits), 1)`` with the mask applied
+    to the log-odds: ``mask[..., i, v]`` says whether bit ``i`` may take the
+    value ``v``, so a bit with one allowed value gets the log-odds ``+inf`` or
+    ``-inf`` and takes that value with probability 1 (log-probability 0, entropy
+    0, ``-inf`` for the other value), whatever its logit holds, with zero
+    gradient. Log-odds of ``+-inf`` in ``logits`` are such sure bits too. A bit
+    with neither value allowed gets NaN log-odds: the row's log-probability and
+    entropy are NaN and the bit is sampled as 0.
 
     Args:
         logits: ``[*batch, num_bits]``, the log-odds of each bit being 1.
@@ -148,16 +151,68 @@ class MultiBinary(_SubActions):
         logits = _checks.float_array("logits", logits)
         if logits.ndim < 1:
             raise ValueError("logits must have a bit axis, shape [*batch, num_bits], got a scalar.")
-        pairs = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)
         if mask is not None:
-            mask = _boolean_mask(mask, pairs.shape, hint=" (bit i may be 0, bit i may be 1)")
-        super().__init__(MaskedCategorical(pairs, mask, dtype=dtype), 1)
+            mask = _boolean_mask(mask, (*logits.shape, 2), hint=" (bit i may be 0, bit i may be 1)")
+            may_be_zero, may_be_one = mask[..., 0], mask[..., 1]
+            forced = jnp.where(may_be_one, jnp.inf, jnp.where(may_be_zero, -jnp.inf, jnp.nan))
+            logits = jnp.where(may_be_zero & may_be_one, logits, forced)
+        super().__init__(_Bernoulli(logits=logits, dtype=dtype), 1)
+        self._mask = mask
+
+    @property
+    def mask(self) -> Bool[Array, "*batch bits 2"] | None:
+        """The allowed values of each bit, ``[*batch, num_bits, 2]``, or ``None``."""
+        return self._mask
+
+    @property
+    def logits(self) -> Float[Array, "*batch bits"]:
+        """The log-odds after the mask: ``+-inf`` for a forced bit, NaN for a bit
+        without an allowed value."""
+        return jnp.asarray(cast(distrax.Bernoulli, self.distribution).logits)
 
     @property
     def probs(self) -> Float[Array, "*batch bits"]:
         """The probability of each bit being 1, after the mask."""
-        log_probs = jnp.asarray(cast(MaskedCategorical, self.distribution).logits)
-        return jnp.exp(log_probs[..., 1])
+        return jnp.asarray(cast(distrax.Bernoulli, self.distribution).probs)
+
+
+class _Bernoulli(distrax.Bernoulli):
+    """``distrax.Bernoulli`` that broadcasts a sample axis explicitly.
+
+    So that ``log_prob(sample(seed=k, sample_shape=n))`` works under
+    ``jax_numpy_rank_promotion="raise"``; a value other than 0 or 1 scores
+    ``-inf``, and one that is not a whole number NaN, as in
+    :class:`MaskedCategorical`.
+    """
+
+    def _sample_n(self, key, n: int) -> Array:
+        probs = self.probs
+        uniform = jax.random.uniform(key, (n, *probs.shape), probs.dtype)
+        return (uniform < jnp.broadcast_to(probs, uniform.shape)).astype(self._dtype)
+
+    def log_prob(self, value: ArrayLike) -> Array:
+        value = jnp.asarray(value)
+        shape = jnp.broadcast_shapes(value.shape, self.batch_shape)
+        logits, value = jnp.broadcast_to(self.logits, shape), jnp.broadcast_to(value, shape)
+        not_a_value = False
+        if jnp.issubdtype(value.dtype, jnp.floating):
+            not_a_value = value != jnp.floor(value)
+        one, zero = jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits)
+        log_prob = jnp.where(value == 1, one, jnp.where(value == 0, zero, -jnp.inf))
+        return jnp.where(not_a_value, jnp.nan, log_prob)
+
+    def prob(self, value: ArrayLike) -> Array:
+        return jnp.exp(self.log_prob(value))
+
+    def entropy(self) -> Array:
+        # A bit of log-odds +-inf is certain: entropy 0 with gradient 0, where
+        # distrax's p log p products give a NaN gradient.
+        logits = self.logits
+        finite = jnp.isfinite(logits)
+        safe = jnp.where(finite, logits, 0.0)
+        entropy = jax.nn.sigmoid(safe) * jax.nn.softplus(-safe)
+        entropy += jax.nn.sigmoid(-safe) * jax.nn.softplus(safe)
+        return jnp.where(finite, entropy, jnp.where(jnp.isnan(logits), jnp.nan, 0.0))
 
 
 def _per_part_mask(parts, nvec, batch_shape) -> Array:

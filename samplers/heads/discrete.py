@@ -50,6 +50,10 @@ class _MaskedSampler(ActionSampler):
     def _make(self, logits: Array, mask: Mask) -> distrax.Distribution:
         """The distribution of ``logits`` with ``mask`` (checked by the class)."""
 
+    @abc.abstractmethod
+    def _choices(self, logits: Array, dist: Any) -> tuple[Any, Any]:
+        """``(mask, unmasked log-probabilities)`` of each choice, ``[*batch, ..., choices]``."""
+
     def distribution(
         self, logits: Float[Array, "*batch params"], mask: Mask = None
     ) -> distrax.Distribution:
@@ -108,7 +112,7 @@ class _MaskedSampler(ActionSampler):
             if deterministic:
                 action = dist.mode()
             else:
-                action = self._sample(dist, sample_key)
+                action = self._sample(logits, mask, dist, sample_key)
         else:
             action = jnp.asarray(rollout_extras)
             _checks.stored_action_dtype(action, dist.dtype)
@@ -119,27 +123,44 @@ class _MaskedSampler(ActionSampler):
                     f"{action.shape}; pass the rollout_extras of the rollout call."
                 )
         action = jax.lax.stop_gradient(action)
-        unmasked = dist if mask is None else self._make(logits, None)
         return StatefulModuleOutput(
             next_state=next_state,
             output={"action": action, "log_likelihood": dist.log_prob(action)},
             regularization_loss=-self.entropy_weight * dist.entropy(),
-            metrics=jax.lax.stop_gradient(_mask_metrics(dist, unmasked)),
+            metrics=jax.lax.stop_gradient(self._metrics(logits, dist)),
             rollout_extras=action,
         )
 
-    def _sample(self, dist, keys):
+    def _sample(self, logits, mask, dist, keys):
         """A sample from one key, or with ``per_env_streams`` one per batch element."""
         if not self.per_env_streams:
             return dist.sample(seed=keys)
-        inner = _choices(dist)
         batch_shape = keys.shape
-        rows = inner.logits.reshape(-1, *inner.logits.shape[len(batch_shape) :])
-        draw = jax.vmap(lambda row, key: jax.random.categorical(key, row))
-        actions = draw(rows, keys.reshape(-1)).reshape(inner.batch_shape)
-        # A sub-action with nothing allowed (a NaN row) is action 0, as in sample().
-        allowed = ~jnp.any(jnp.isnan(inner.logits), axis=-1)
-        return jnp.where(allowed, actions, 0).astype(dist.dtype)
+
+        def rows(x):
+            return x.reshape(-1, *x.shape[len(batch_shape) :])
+
+        def sample_row(row_logits, row_mask, key):
+            return self._make(row_logits, row_mask).sample(seed=key)
+
+        samples = jax.vmap(sample_row)(rows(logits), jax.tree.map(rows, mask), keys.reshape(-1))
+        return samples.reshape(*batch_shape, *samples.shape[1:])
+
+    def _metrics(self, logits, dist) -> dict[str, Array]:
+        """``allowed_actions`` and ``masked_probability`` per batch element.
+
+        Each sub-action's forbidden mass is summed from the forbidden choices
+        themselves, so that it is exactly 0 without a forbidden choice and a tiny
+        mass is not rounded away; for several sub-actions the probability that
+        any is forbidden is ``1 - prod(1 - m_i)``, as ``-expm1(sum(log1p(-m_i)))``.
+        """
+        mask, log_probs = self._choices(logits, dist)
+        allowed = jnp.sum(mask, axis=-1).astype(log_probs.dtype)
+        forbidden = jnp.exp(jax.nn.logsumexp(jnp.where(mask, -jnp.inf, log_probs), axis=-1))
+        if isinstance(dist, distrax.Independent):
+            allowed = jnp.prod(allowed, axis=-1)
+            forbidden = -jnp.expm1(jnp.sum(jnp.log1p(-forbidden), axis=-1))
+        return {"allowed_actions": allowed, "masked_probability": forbidden}
 
 
 class CategoricalSampler(_MaskedSampler):
@@ -191,6 +212,9 @@ class CategoricalSampler(_MaskedSampler):
     def _make(self, logits, mask) -> MaskedCategorical:
         return MaskedCategorical(logits, mask)
 
+    def _choices(self, logits, dist):
+        return dist.mask, jax.nn.log_softmax(logits)
+
 
 class MultiDiscreteSampler(_MaskedSampler):
     """Sub-actions of uneven sizes ``nvec``: a :class:`samplers.MultiDiscrete` head.
@@ -232,6 +256,11 @@ class MultiDiscreteSampler(_MaskedSampler):
 
     def _make(self, logits, mask) -> MultiDiscrete:
         return MultiDiscrete(logits, self.nvec, mask)
+
+    def _choices(self, logits, dist):
+        # The padded [*batch, len(nvec), max(nvec)] choices: padding is never allowed.
+        unmasked = cast(MaskedCategorical, self._make(logits, None).distribution)
+        return cast(MaskedCategorical, dist.distribution).mask, unmasked.logits
 
 
 class MultiBinarySampler(_MaskedSampler):
@@ -277,24 +306,7 @@ class MultiBinarySampler(_MaskedSampler):
     def _make(self, logits, mask) -> MultiBinary:
         return MultiBinary(logits, mask)
 
-
-def _choices(dist) -> MaskedCategorical:
-    """The :class:`MaskedCategorical` of one choice per sub-action (or the whole action)."""
-    return cast(MaskedCategorical, getattr(dist, "distribution", dist))
-
-
-def _mask_metrics(masked, unmasked) -> dict[str, Array]:
-    """``allowed_actions`` and ``masked_probability`` per batch element.
-
-    Each sub-action's forbidden mass is summed from the forbidden choices
-    themselves, so that it is exactly 0 without a forbidden choice and a tiny
-    mass is not rounded away; for several sub-actions the probability that any
-    is forbidden is ``1 - prod(1 - m_i)``, as ``-expm1(sum(log1p(-m_i)))``.
-    """
-    mask, log_probs = _choices(masked).mask, _choices(unmasked).logits
-    allowed = jnp.sum(mask, axis=-1).astype(log_probs.dtype)
-    forbidden = jnp.exp(jax.nn.logsumexp(jnp.where(mask, -jnp.inf, log_probs), axis=-1))
-    if isinstance(masked, distrax.Independent):
-        allowed = jnp.prod(allowed, axis=-1)
-        forbidden = -jnp.expm1(jnp.sum(jnp.log1p(-forbidden), axis=-1))
-    return {"allowed_actions": allowed, "masked_probability": forbidden}
+    def _choices(self, logits, dist):
+        log_probs = jnp.stack([jax.nn.log_sigmoid(-logits), jax.nn.log_sigmoid(logits)], -1)
+        mask = jnp.ones(log_probs.shape, bool) if dist.mask is None else dist.mask
+        return mask, log_probs
