@@ -23,7 +23,7 @@ import pytest
 from flax import nnx
 
 import samplers
-from samplers.examples import _common, pendulum, pendulum_sac, tictactoe
+from samplers.examples import _common, cartpole, pendulum, pendulum_sac, tictactoe
 
 ROOT = pathlib.Path(__file__).parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -46,12 +46,14 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     # setuptools ships every module of a package it finds.
     modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
     expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
-    expected |= {"tictactoe.py"}
+    expected |= {"cartpole.py", "tictactoe.py"}
     assert expected <= modules
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["pendulum", "pendulum_sac", "linen_actor", "tictactoe"])
+@pytest.mark.parametrize(
+    "module", ["pendulum", "pendulum_sac", "cartpole", "linen_actor", "tictactoe"]
+)
 def test_each_example_runs_as_a_module(module):
     done = subprocess.run(
         [sys.executable, "-m", f"samplers.examples.{module}", "--help"],
@@ -80,6 +82,15 @@ SAC_TINY = {
     "--eval-episodes": ("eval_episodes", 4),
 }
 
+CARTPOLE_TINY = {
+    "--total-steps": ("total_steps", 1024),
+    "--num-envs": ("num_envs", 4),
+    "--rollout-length": ("rollout_length", 32),
+    "--entropy-weight": ("entropy_weight", 0.05),
+    "--seed": ("seed", 3),
+    "--eval-episodes": ("eval_episodes", 4),
+}
+
 TICTACTOE_TINY = {
     "--total-steps": ("total_steps", 1024),
     "--num-envs": ("num_envs", 16),
@@ -102,9 +113,10 @@ def _argv(flags: dict) -> list[str]:
             {**SAC_TINY, "--updates-per-step": ("updates_per_step", 2)},
             "pendulum-sac-results",
         ),
+        (cartpole, CARTPOLE_TINY, "cartpole-results"),
         (tictactoe, TICTACTOE_TINY, "tictactoe-results"),
     ],
-    ids=["pendulum", "pendulum_sac", "tictactoe"],
+    ids=["pendulum", "pendulum_sac", "cartpole", "tictactoe"],
 )
 def test_the_command_line_defaults_to_the_config_and_each_flag_sets_its_field(example, flags, out):
     config, args = example.parse_args([])
@@ -528,3 +540,41 @@ def test_tictactoe_runs_with_and_without_the_mask_and_the_masked_agent_plays_onl
             games = run[kind]
             assert games["finished"] == 1.0
             assert games["win"] + games["draw"] + games["loss"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_cartpole_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
+    summary = cartpole.main([*_argv(CARTPOLE_TINY), "--out", str(tmp_path), "--no-progress"])
+
+    figure = tmp_path / "cartpole.png"
+    data = figure.read_bytes()
+    assert data[:8] == PNG
+    # The curve and one panel per probed state, 16 x 4 inches at 100 dpi.
+    assert struct.unpack(">II", data[16:24]) == (1600, 400)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["steps"] == 1024 and written["figure"] == str(figure)
+    # 1024 steps in iterations of 4 environments x 32 steps.
+    assert summary["iterations"] == 8
+    # Before the first update of each iteration the weights are the rollout's, so
+    # replaying the stored actions must reproduce the stored log-likelihoods.
+    assert summary["replay_ratio_error"] < 1e-5
+    # An episode earns 1 per step and lasts at most 500 steps; a uniformly random
+    # policy drops the pole within a few dozen, and only steps up to the end count.
+    for name in ("deterministic_return", "random_return"):
+        assert 1 <= summary[name] <= 500, name
+    assert summary["random_return"] < 100
+    assert 0 < summary["final_entropy"] <= math.log(2) + 1e-6
+    assert all(math.isfinite(value) for value in summary["last_iteration"].values())
+
+
+@pytest.mark.slow
+def test_cartpole_default_config_reaches_the_maximum_return(tmp_path):
+    summary = cartpole.main(["--out", str(tmp_path), "--no-progress"])
+
+    # Seed 0: every one of the 64 episodes of the deterministic policy lasts the
+    # 500 steps of the time limit.
+    assert summary["config"] == dataclasses.asdict(cartpole.Config())
+    assert summary["deterministic_return"] == 500.0
+    assert summary["deterministic_return_std"] == 0.0
+    assert summary["steps_to_500"] is not None
+    assert summary["replay_ratio_error"] < 1e-5

@@ -1,8 +1,9 @@
-"""What the Pendulum examples share: the task, the training loop, evaluation, the figure.
+"""What the examples share: the task, the training loop, evaluation, the figure.
 
-``pendulum`` (PPO) and ``pendulum_sac`` (SAC) keep only their algorithm; the
-progress bar, the deterministic-versus-random evaluation, the figure of the learned
-action distributions, the command line and the printed summary live here, once.
+``pendulum`` (PPO), ``pendulum_sac`` (SAC) and ``cartpole`` (PPO, discrete) keep
+only their algorithm; the progress bar, the deterministic-versus-random evaluation,
+the figure's learning curve, the command line and the printed summary live here,
+once, with the Pendulum task's observation scaling and torque panels.
 """
 
 import argparse
@@ -36,9 +37,9 @@ def scaled(obs: jax.Array) -> jax.Array:
     return obs * jnp.broadcast_to(jnp.asarray(OBS_SCALE, obs.dtype), obs.shape)
 
 
-def reset(key: jax.Array, num_envs: int):
-    """``(obs, env_state)`` of ``num_envs`` fresh ``Pendulum-v1`` environments, a key each."""
-    env, env_params = gymnax.make("Pendulum-v1")
+def reset(key: jax.Array, num_envs: int, env_id: str = "Pendulum-v1"):
+    """``(obs, env_state)`` of ``num_envs`` fresh gymnax ``env_id`` environments, a key each."""
+    env, env_params = gymnax.make(env_id)
     return jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs), env_params)
 
 
@@ -142,47 +143,67 @@ def first_step_at(log: dict, threshold: float) -> int | None:
     return next((steps for steps, ret in pairs if ret >= threshold), None)
 
 
-def _episode_returns(act, carry, key: jax.Array, num_episodes: int) -> jax.Array:
-    """Returns of ``num_episodes`` full episodes of ``act(carry, obs, key) -> (carry, torque)``."""
-    env, env_params = gymnax.make("Pendulum-v1")
+def _episode_returns(act, carry, key: jax.Array, num_episodes: int, env_id: str) -> jax.Array:
+    """Returns of ``num_episodes`` episodes of ``act(carry, obs, key) -> (carry, action)``.
+
+    Each episode counts the rewards up to its end (termination or the time limit);
+    what the environment plays after its automatic reset is not counted.
+    """
+    env, env_params = gymnax.make(env_id)
     reset_key, key = jax.random.split(key)
-    obs, env_state = reset(reset_key, num_episodes)
+    obs, env_state = reset(reset_key, num_episodes, env_id)
 
     def step(loop, step_key):
-        carry, env_state, obs, total = loop
+        carry, env_state, obs, total, running = loop
         act_key, env_key = jax.random.split(step_key)
-        carry, torque = act(carry, obs, act_key)
-        obs, env_state, reward, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(env_key, num_episodes), env_state, torque, env_params
-        )
-        return (carry, env_state, obs, total + reward), None
+        carry, action = act(carry, obs, act_key)
+        obs, env_state, reward, terminated, truncated, _ = jax.vmap(
+            env.step, in_axes=(0, 0, 0, None)
+        )(jax.random.split(env_key, num_episodes), env_state, action, env_params)
+        total = total + jnp.where(running, reward, 0.0)
+        running = running & ~(terminated | truncated)
+        return (carry, env_state, obs, total, running), None
 
     keys = jax.random.split(key, env_params.max_steps_in_episode)
-    loop = (carry, env_state, obs, jnp.zeros(num_episodes))
-    (_, _, _, total), _ = jax.lax.scan(step, loop, keys)
+    running = jnp.ones(num_episodes, dtype=bool)
+    loop = (carry, env_state, obs, jnp.zeros(num_episodes), running)
+    (_, _, _, total, _), _ = jax.lax.scan(step, loop, keys)
     return total
+
+
+def _random_actions(env_id: str, key: jax.Array, num_episodes: int) -> jax.Array:
+    """Uniform random actions for ``num_episodes`` environments: a box's range, or a choice."""
+    env, env_params = gymnax.make(env_id)
+    space = env.action_space(env_params)
+    if hasattr(space, "n"):
+        return jax.random.randint(key, (num_episodes,), 0, space.n)
+    shape = (num_episodes, *space.shape)
+    return jax.random.uniform(key, shape, minval=space.low, maxval=space.high)
 
 
 def evaluate(
     module: nnx.Module,
-    torque: Callable[[Any, jax.Array], jax.Array],
+    act: Callable[[Any, jax.Array], jax.Array],
     *,
     num_episodes: int,
     seed: int,
+    env_id: str = "Pendulum-v1",
 ) -> dict[str, float]:
     """Mean and std of the episode returns of the deterministic policy and of a random one.
 
-    Both play ``num_episodes`` full episodes from the same initial states (the same
-    reset keys). The policy acts in ``eval()`` mode, with the torque ``f(mean)``;
-    the random policy draws each torque uniformly from ``[-2, 2]``. ``module`` is
-    left in training mode.
+    Both play ``num_episodes`` episodes of gymnax ``env_id`` from the same initial
+    states (the same reset keys), each to its end or its time limit. The policy acts
+    in ``eval()`` mode (for Pendulum, the torque ``f(mean)``); the random policy
+    draws each action uniformly from the action space (for Pendulum, a torque in
+    ``[-2, 2]``). ``module`` is left in training mode.
 
     Args:
         module: The policy; ``eval()`` makes its head deterministic.
-        torque: ``torque(module, obs)``, the torques the module takes for a batch
-            of observations.
+        act: ``act(module, obs)``, the actions the module takes for a batch of
+            observations.
         num_episodes: Episodes each policy plays.
         seed: The training seed; the evaluation draws from a key of its own.
+        env_id: The gymnax environment.
 
     Returns:
         ``deterministic_return``, ``random_return`` and their ``_std``, per episode.
@@ -194,16 +215,15 @@ def evaluate(
     def act_deterministic(state, obs, _):
         # The head draws from its stream even when deterministic: carry it.
         module = nnx.merge(graphdef, state)
-        return nnx.state(module), torque(module, obs)
+        return nnx.state(module), act(module, obs)
 
     def act_random(carry, obs, key):
-        shape = (*obs.shape[:-1], 1)
-        return carry, jax.random.uniform(key, shape, minval=-MAX_TORQUE, maxval=MAX_TORQUE)
+        return carry, _random_actions(env_id, key, num_episodes)
 
     @jax.jit
     def play(state, key):
-        deterministic = _episode_returns(act_deterministic, state, key, num_episodes)
-        return deterministic, _episode_returns(act_random, (), key, num_episodes)
+        deterministic = _episode_returns(act_deterministic, state, key, num_episodes, env_id)
+        return deterministic, _episode_returns(act_random, (), key, num_episodes, env_id)
 
     key = jax.random.fold_in(jax.random.key(seed), 1)
     deterministic, uniform = jax.device_get(play(state, key))
@@ -270,8 +290,10 @@ def plot(
     *,
     title: str,
     warmup_steps: int | None = None,
+    draw: Callable[[Any, list[dict]], None] | None = None,
+    episode: str = "200 steps",
 ) -> None:
-    """Writes the learning curve and the action distributions to a PNG at ``path``.
+    """Writes the learning curve and one panel per probed state to a PNG at ``path``.
 
     Uses matplotlib's object API with the Agg canvas, so it needs no display and
     leaves pyplot's global state alone.
@@ -280,13 +302,16 @@ def plot(
         path: Where the PNG goes; its folder is created.
         summary: Holds ``curve_steps``, ``curve_returns``, ``deterministic_return``
             and ``random_return``.
-        distributions: What :func:`action_distributions` returns.
+        distributions: One entry per panel; by default what
+            :func:`action_distributions` returns.
         title: The learning curve's title.
         warmup_steps: Where a grey line marks the end of a warm-up, if any.
+        draw: ``draw(axes, distributions)`` fills the panels right of the curve,
+            one axis per entry; None draws Pendulum's torque densities.
+        episode: How long an episode is, for the curve's axis label.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(16, 4), layout="constrained")
     FigureCanvasAgg(fig)
@@ -300,10 +325,19 @@ def plot(
     if warmup_steps is not None:
         curve.axvline(warmup_steps, color="0.6", linewidth=1, label="warm-up end")
     curve.set_xlabel("environment steps")
-    curve.set_ylabel("return per episode (200 steps)")
+    curve.set_ylabel(f"return per episode ({episode})")
     curve.set_title(title)
     curve.legend(loc="lower right")
-    for ax, dist in zip(axes[1:], distributions, strict=True):
+    (draw or _torque_panels)(axes[1:], distributions)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def _torque_panels(axes, distributions: list[dict]) -> None:
+    """Pendulum's panels: sampled torques against the density, bounds in black."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, dist in zip(axes, distributions, strict=True):
         samples = dist["samples"]
         low, high = np.quantile(samples, [0.0005, 0.9995])
         # Zoom onto the samples: a nearly deterministic policy is a spike at full width.
@@ -330,10 +364,8 @@ def plot(
         ax.set_title(f"angle {math.degrees(theta):.0f} deg, velocity {theta_dot:+.1f} rad/s")
         ax.set_xlabel("torque (black: bounds)")
         ax.xaxis.set_major_locator(MaxNLocator(5))
-    axes[1].set_ylabel("(b) density of the learned action")
-    axes[1].legend(loc="best", fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    axes[0].set_ylabel("(b) density of the learned action")
+    axes[0].legend(loc="best", fontsize="small")
 
 
 def command_line(
