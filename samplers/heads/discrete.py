@@ -85,7 +85,9 @@ class _MaskedSampler(ActionSampler):
                 earlier call (the action it took) to score it.
             mask: Booleans, True where allowed (see the class for the shape);
                 ``None`` allows everything. Pass the same mask to the replay as to
-                the rollout: then the log-likelihood is the rollout's, bit for bit.
+                the rollout: then the same logits, in the same batch shape, give
+                the rollout's log-likelihood bit for bit (XLA may round a row
+                differently by an ulp in a batch of another shape).
                 A stored action that the replay's mask forbids scores ``-inf``
                 (the PPO ratio is 0, with zero gradient), never NaN.
             deterministic: Overrides ``self.deterministic`` for this call: the
