@@ -132,6 +132,29 @@ def run(
     return Run(state, history, curve_steps, curve_returns, compile_s, train_s)
 
 
+def gae(reward, value, next_value, done, terminated, gamma: float, gae_lambda: float):
+    """Generalised advantage estimates over a ``[T, N]`` rollout.
+
+    ``next_value`` is the value of the observation each step led to, before any
+    automatic reset, so an episode cut by a time limit (``done`` but not
+    ``terminated``) still bootstraps from where it stopped; a termination zeroes
+    it, and ``done`` stops the sum from running into the next episode.
+    """
+    not_terminated = 1.0 - terminated.astype(value.dtype)
+    not_done = 1.0 - done.astype(value.dtype)
+    delta = reward + gamma * not_terminated * next_value - value
+
+    def backward(advantage, step):
+        delta_t, not_done_t = step
+        advantage = delta_t + gamma * gae_lambda * not_done_t * advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(value[0]), (delta, not_done), reverse=True
+    )
+    return advantages
+
+
 def first_step_at(log: dict, threshold: float) -> int | None:
     """The first step of the learning curve whose mean return is ``>= threshold``, or None.
 

@@ -114,28 +114,6 @@ class ActorCritic(nnx.Module):
         return self.critic(obs)[..., 0]
 
 
-def _gae(reward, value, next_value, done, terminated, config: Config):
-    """Generalised advantage estimates over a ``[T, N]`` rollout.
-
-    ``next_value`` is the value of the observation each step led to, before any
-    automatic reset, so an episode cut by the time limit still bootstraps from
-    where it stopped; only a fallen pole or a cart off the track zeroes it.
-    """
-    not_terminated = 1.0 - terminated.astype(value.dtype)
-    not_done = 1.0 - done.astype(value.dtype)
-    delta = reward + config.gamma * not_terminated * next_value - value
-
-    def backward(advantage, step):
-        delta_t, not_done_t = step
-        advantage = delta_t + config.gamma * config.gae_lambda * not_done_t * advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        backward, jnp.zeros_like(value[0]), (delta, not_done), reverse=True
-    )
-    return advantages
-
-
 def make_train_step(config: Config, graphdef):
     """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
 
@@ -232,13 +210,14 @@ def make_train_step(config: Config, graphdef):
         )
         value = model.value(trajectory["obs"])
         next_value = model.value(trajectory["final_obs"])
-        advantage = _gae(
+        advantage = _common.gae(
             config.reward_scale * trajectory["reward"],
             value,
             next_value,
             trajectory["done"],
             trajectory["terminated"],
-            config,
+            config.gamma,
+            config.gae_lambda,
         )
         batch = {
             "obs": trajectory["obs"],

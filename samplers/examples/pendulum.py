@@ -143,28 +143,6 @@ def _to_torque(action: jax.Array, torque_scale: float) -> jax.Array:
     return jnp.clip(torque_scale * action, -_common.MAX_TORQUE, _common.MAX_TORQUE)
 
 
-def _gae(reward, value, next_value, done, terminated, config: Config):
-    """Generalised advantage estimates over a ``[T, N]`` rollout.
-
-    ``next_value`` is the value of the observation each step led to, before any
-    automatic reset, so an episode cut by the time limit still bootstraps from
-    where it stopped; only a true termination zeroes it (Pendulum has none).
-    """
-    not_terminated = 1.0 - terminated.astype(value.dtype)
-    not_done = 1.0 - done.astype(value.dtype)
-    delta = reward + config.gamma * not_terminated * next_value - value
-
-    def backward(advantage, step):
-        delta_t, not_done_t = step
-        advantage = delta_t + config.gamma * config.gae_lambda * not_done_t * advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        backward, jnp.zeros_like(value[0]), (delta, not_done), reverse=True
-    )
-    return advantages
-
-
 def make_train_step(config: Config, graphdef, torque_scale: float):
     """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
 
@@ -261,8 +239,14 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
         value = model.value(trajectory["obs"])
         next_value = model.value(trajectory["final_obs"])
         reward = config.reward_scale * trajectory["reward"]
-        advantage = _gae(
-            reward, value, next_value, trajectory["done"], trajectory["terminated"], config
+        advantage = _common.gae(
+            reward,
+            value,
+            next_value,
+            trajectory["done"],
+            trajectory["terminated"],
+            config.gamma,
+            config.gae_lambda,
         )
         batch = {
             "obs": trajectory["obs"],

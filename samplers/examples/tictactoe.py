@@ -180,27 +180,6 @@ class ActorCritic(nnx.Module):
         return self.critic(obs)[..., 0]
 
 
-def _gae(reward, value, last_value, done, config: Config):
-    """Generalised advantage estimates over a ``[T, N]`` rollout.
-
-    A game ends only by its rules (never by a time limit), so a finished game
-    bootstraps from nothing and the next step's value is that of the new game.
-    """
-    next_value = jnp.concatenate([value[1:], last_value[None]])
-    not_done = 1.0 - done.astype(value.dtype)
-    delta = reward + config.gamma * not_done * next_value - value
-
-    def backward(advantage, step):
-        delta_t, not_done_t = step
-        advantage = delta_t + config.gamma * config.gae_lambda * not_done_t * advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        backward, jnp.zeros_like(value[0]), (delta, not_done), reverse=True
-    )
-    return advantages
-
-
 def make_train_step(config: Config, graphdef):
     """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
 
@@ -299,7 +278,13 @@ def make_train_step(config: Config, graphdef):
         )
         value = model.value(trajectory["obs"])
         last_value = model.value(observe(games))
-        advantage = _gae(trajectory["reward"], value, last_value, trajectory["done"], config)
+        # A game ends only by its rules, never by a time limit: the step after a
+        # finished game is the new game's, and the finished one bootstraps from nothing.
+        next_value = jnp.concatenate([value[1:], last_value[None]])
+        done = trajectory["done"]
+        advantage = _common.gae(
+            trajectory["reward"], value, next_value, done, done, config.gamma, config.gae_lambda
+        )
         batch = {
             "obs": trajectory["obs"],
             "legal": trajectory["legal"],
