@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 import samplers
-from benchmarks import bandwidth, implementations
+from benchmarks import bandwidth, discrete, implementations
 
 _QUICK = {
     "batches": (1, 4096, 65536),
@@ -542,6 +542,12 @@ def _parser():
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
+    parser.add_argument(
+        "--discrete",
+        action="store_true",
+        help="time the discrete heads instead (benchmarks/discrete.py), writing discrete.md "
+        "and discrete.json unless --name is given",
+    )
     return parser
 
 
@@ -556,6 +562,12 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    if args.discrete:
+        if args.bandwidth_tbs is not None:
+            parser.error("--bandwidth-tbs: the discrete heads have no bandwidth floor; drop it")
+        name = "discrete" if args.name == "results" else args.name
+        print(discrete.run(grid["batches"], args.out, device=device, name=name, command=command))
+        return
     print(
         run(
             grid,

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import distrax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tensorflow_probability.substrates import jax as tfp
 
@@ -312,3 +313,186 @@ def actor_steps() -> list[ActorStep]:
         ActorStep("floor (draw alone)", _splitting_key(floor_rollout), differentiable=False)
     )
     return found
+
+
+# --- discrete heads: distrax as users write it inline, and the samplers heads ------
+#
+# ``rollout(logits, mask, rng) -> ((action, log_likelihood), next_rng)`` and
+# ``loss(logits, mask, action, old_log_likelihood, advantage, rng) -> (scalar,
+# next_rng)``: the clipped PPO surrogate of the stored action's log-likelihood plus
+# the entropy cost (exact for a discrete distribution, so no draw). ``mask`` is
+# None for the heads timed without one.
+
+NUM_ACTIONS, NVEC, NUM_BITS = 18, (3, 5, 7), 16
+
+
+class DiscreteCase(NamedTuple):
+    name: str
+    num_params: int  # the logits' last axis
+    masked: bool  # whether the timed calls pass a mask
+    distribution: Callable  # (logits, mask) -> the distrax distribution a user writes
+    samplers_distribution: Callable  # (logits, mask) -> the samplers distribution
+    head: Callable  # nnx.Rngs -> the samplers head
+
+
+def _categorical(logits, mask):
+    return distrax.Categorical(logits=logits)
+
+
+def _masked_categorical(logits, mask):
+    # Mava's and JaxMARL's masking: forbidden logits set to the lowest finite float.
+    return distrax.Categorical(logits=jnp.where(mask, logits, jnp.finfo(logits.dtype).min))
+
+
+def _multi_discrete(logits, mask):
+    # sbx's: split into the sub-actions, pad each with -inf to the largest, stack.
+    parts = jnp.split(logits, np.cumsum(NVEC[:-1]), axis=-1)
+    width = max(NVEC)
+    padded = jnp.stack(
+        [
+            jnp.pad(
+                part,
+                [(0, 0)] * (part.ndim - 1) + [(0, width - part.shape[-1])],
+                constant_values=-jnp.inf,
+            )
+            for part in parts
+        ],
+        axis=-2,
+    )
+    return distrax.Independent(distrax.Categorical(logits=padded), 1)
+
+
+def _multi_binary(logits, mask):
+    return distrax.Independent(distrax.Bernoulli(logits=logits), 1)
+
+
+def discrete_cases() -> list[DiscreteCase]:
+    """The discrete heads timed: Categorical without and with a mask, MultiDiscrete, MultiBinary."""
+    w = ENTROPY_WEIGHT
+    return [
+        DiscreteCase(
+            "Categorical",
+            NUM_ACTIONS,
+            False,
+            _categorical,
+            lambda logits, mask: samplers.MaskedCategorical(logits, mask),
+            lambda rngs: samplers.CategoricalSampler(rngs, w, num_actions=NUM_ACTIONS),
+        ),
+        DiscreteCase(
+            "Categorical, masked",
+            NUM_ACTIONS,
+            True,
+            _masked_categorical,
+            lambda logits, mask: samplers.MaskedCategorical(logits, mask),
+            lambda rngs: samplers.CategoricalSampler(rngs, w, num_actions=NUM_ACTIONS),
+        ),
+        DiscreteCase(
+            "MultiDiscrete",
+            sum(NVEC),
+            False,
+            _multi_discrete,
+            lambda logits, mask: samplers.MultiDiscrete(logits, NVEC, mask),
+            lambda rngs: samplers.MultiDiscreteSampler(rngs, w, nvec=NVEC),
+        ),
+        DiscreteCase(
+            "MultiBinary",
+            NUM_BITS,
+            False,
+            _multi_binary,
+            lambda logits, mask: samplers.MultiBinary(logits, mask),
+            lambda rngs: samplers.MultiBinarySampler(rngs, w, num_bits=NUM_BITS),
+        ),
+    ]
+
+
+def discrete_distribution_rollout(distribution):
+    """``rollout(logits, mask, key)``: a sample of ``distribution`` and its log-probability."""
+
+    def rollout(logits, mask, key):
+        dist = distribution(logits, mask)
+        action = dist.sample(seed=key)
+        return action, dist.log_prob(action)
+
+    return rollout
+
+
+def discrete_distribution_loss(distribution):
+    """``loss(logits, mask, action, old_log_likelihood, advantage)`` of ``distribution``."""
+
+    def loss(logits, mask, action, old_log_likelihood, advantage):
+        dist = distribution(logits, mask)
+        return _surrogate(dist.log_prob(action), old_log_likelihood, advantage, dist.entropy())
+
+    return loss
+
+
+def _keyless(loss):
+    """The loss draws nothing: its random input passes through unchanged."""
+
+    def threaded(*args):
+        *inputs, rng = args
+        return loss(*inputs), rng
+
+    return threaded
+
+
+def _discrete_head_call(case):
+    """The head split once (``nnx.split``) and merged inside the step, its stream as state."""
+    graphdef, _ = nnx.split(case.head(nnx.Rngs(0)))
+
+    def call(state, logits, mask, action=None):
+        head = nnx.merge(graphdef, state)
+        out = head((), logits, action, mask=mask)
+        return out, nnx.to_pure_dict(nnx.state(head))
+
+    return call
+
+
+def discrete_head_rollout_with_metrics(case):
+    """The head's rollout, returning its ``metrics`` too.
+
+    ``rollout(logits, mask, state) -> ((action, log_likelihood, metrics), next_state)``.
+    """
+    call = _discrete_head_call(case)
+
+    def rollout(logits, mask, state):
+        out, state = call(state, logits, mask)
+        return (out.output["action"], out.output["log_likelihood"], out.metrics), state
+
+    return rollout
+
+
+def _discrete_head_functions(case):
+    """``(rollout, loss, random_input)`` of the head."""
+    call = _discrete_head_call(case)
+
+    def rollout(logits, mask, state):
+        out, state = call(state, logits, mask)
+        return (out.output["action"], out.output["log_likelihood"]), state
+
+    def loss(logits, mask, action, old_log_likelihood, advantage, state):
+        out, state = call(state, logits, mask, action)
+        entropy = -out.regularization_loss / ENTROPY_WEIGHT
+        surrogate = _surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
+        return surrogate, state
+
+    def random_input(key):
+        return nnx.to_pure_dict(nnx.state(case.head(nnx.Rngs(key))))
+
+    return rollout, loss, random_input
+
+
+def discrete_implementations(case: DiscreteCase) -> list[Implementation]:
+    """The reference (distrax as users write it) first, then the head and its pure layer."""
+
+    def key_based(distribution):
+        return (
+            _splitting_key(discrete_distribution_rollout(distribution)),
+            _keyless(discrete_distribution_loss(distribution)),
+        )
+
+    return [
+        Implementation("handwritten", *key_based(case.distribution)),
+        Implementation("samplers", *_discrete_head_functions(case)),
+        Implementation("samplers (pure layer)", *key_based(case.samplers_distribution)),
+    ]

@@ -10,7 +10,8 @@ from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from benchmarks import __main__ as suite
-from benchmarks import bandwidth, implementations
+from benchmarks import bandwidth, discrete, implementations
+from tests._tiers import slow
 
 _TINY = {
     "batches": (8,),
@@ -170,3 +171,89 @@ def test_bandwidth_floor_counts_the_bytes_each_step_must_move():
     text = bandwidth.report(records, 4.8)
     assert "| 1048576 | 8 | 128.0 MiB | 28 | 56.0 (49.9%) |" in text
     assert "floor (draw alone)" not in text
+
+
+_DISCRETE = {case.name: case for case in implementations.discrete_cases()}
+
+
+def _sample_key(implementation, key):
+    """The key ``implementation``'s rollout draws its sample with, from its random input ``key``."""
+    if implementation == "samplers":
+        return nnx.Rngs(key).default()  # the head's first draw from its stream
+    return jax.random.split(key)[1]  # the key-based rollouts split their key
+
+
+@pytest.mark.parametrize("implementation", ["samplers", slow("samplers (pure layer)")])
+@pytest.mark.parametrize("name", list(_DISCRETE))
+def test_discrete_heads_compute_what_the_hand_written_code_computes(name, implementation):
+    case = _DISCRETE[name]
+    impls = {impl.name: impl for impl in implementations.discrete_implementations(case)}
+    assert list(impls) == ["handwritten", "samplers", "samplers (pure layer)"]
+    impl, key = impls[implementation], jax.random.key(1)
+    with jax.numpy_rank_promotion("allow"):  # distrax's Bernoulli broadcasts ranks implicitly
+        logits, mask, action, old, advantage = discrete.inputs(case, 16, jax.random.key(0))
+        reference = case.distribution(logits, mask)
+        loss = implementations.discrete_distribution_loss(case.distribution)
+        want_value, want_grad = jax.jit(jax.value_and_grad(loss))(
+            logits, mask, action, old, advantage
+        )
+
+    rollout = jax.jit(impl.rollout)
+    (sampled, log_likelihood), rng = rollout(logits, mask, impl.random_input(key))
+    (again, _), _ = rollout(logits, mask, rng)
+    assert not jnp.array_equal(again, sampled)  # the stream advances
+    assert sampled.shape == action.shape
+    if name != "MultiBinary":  # distrax's Bernoulli draws otherwise
+        # The hand-written code's draw from the same key: the same Gumbel noise.
+        want_action = reference.sample(seed=_sample_key(implementation, key))
+        assert jnp.array_equal(sampled, want_action)
+    with jax.numpy_rank_promotion("allow"):
+        want = reference.log_prob(sampled)
+    assert jnp.all(jnp.isfinite(log_likelihood))  # an allowed action
+    assert jnp.allclose(log_likelihood, want, rtol=1e-5, atol=1e-6)
+
+    (value, _), grad = jax.jit(jax.value_and_grad(impl.loss, has_aux=True))(
+        logits, mask, action, old, advantage, impl.random_input(key)
+    )
+    assert jnp.allclose(value, want_value, rtol=1e-5, atol=1e-7)
+    assert jnp.allclose(grad, want_grad, rtol=1e-4, atol=1e-7)
+    if case.masked:
+        assert jnp.all(jnp.where(mask, True, grad == 0.0))  # forbidden logits: no gradient
+
+
+@pytest.mark.slow
+def test_discrete_suite_runs_and_writes_its_report(tmp_path):
+    with jax.numpy_rank_promotion("allow"):  # distrax's Bernoulli broadcasts ranks implicitly
+        text = discrete.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+    assert (tmp_path / "toy.md").read_text() == text
+    for heading in ("## Rollout", "## Loss", "## Where the time goes (B = 8)"):
+        assert heading in text
+    for name in _DISCRETE:
+        assert f"| {name} | 8 |" in text
+    assert "| MultiBinary | rollout |" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert saved["rounds"] == 1 and set(saved["load_average"]) == {"before", "after"}
+    assert saved["samplers"].startswith("samplers ") and saved["samplers"] in text
+    cells = {(t["workload"], t["head"], t["implementation"]) for t in saved["timings"]}
+    assert len(cells) == 2 * len(_DISCRETE) * 3
+    pieces = {(p["head"], p["piece"], p["implementation"]) for p in saved["parts"]}
+    assert ("MultiBinary", "head rollout", "samplers, metrics returned") in pieces
+    for record in saved["timings"] + saved["parts"]:
+        assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
+
+
+def test_discrete_flag_runs_the_discrete_suite(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(
+        discrete, "run", lambda batches, out, **options: calls.append((batches, out, options))
+    )
+    suite.main(["--discrete", "--device", "cpu", "--out", str(tmp_path)])
+    suite.main(["--discrete", "--batches", "8,16", "--name", "other"])
+    (batches, out, options), (other, _, named) = calls
+    assert batches == (1, 4096, 65536) and out == tmp_path
+    assert options["name"] == "discrete" and options["device"].platform == "cpu"
+    assert options["command"] == f"python -m benchmarks --discrete --device cpu --out {tmp_path}"
+    assert other == (8, 16) and named["name"] == "other"
+    with pytest.raises(SystemExit):
+        suite.main(["--discrete", "--bandwidth-tbs", "4.8"])
+    assert "the discrete heads have no bandwidth floor" in capsys.readouterr().err

@@ -1,0 +1,323 @@
+"""``python -m benchmarks --discrete``: the discrete heads against distrax as users write it.
+
+Each head (``CategoricalSampler`` without and with a mask, ``MultiDiscreteSampler``,
+``MultiBinarySampler``) runs beside the distrax code a JAX RL user writes inline
+(``benchmarks/implementations.py``), both under ``jax.jit`` on the same inputs, in
+interleaved rounds with a fresh random order each round; a cell is the median
+over rounds of the ratio of the head's time to the hand-written time in the same
+round, with min and max. At the largest batch size, the pieces of each workload
+(draw, log-probability, entropy, gradient) are timed the same way, and the head's
+rollout with its metrics returned. Writes ``results/discrete.md`` and
+``results/discrete.json``.
+"""
+
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import implementations
+
+ROUNDS = 21
+_ROUND_SECONDS = 0.05  # per implementation per round
+_WORKLOADS = ("rollout", "loss")
+_TITLES = {
+    "rollout": "Rollout: sample, log-likelihood",
+    "loss": "Loss: value and gradient (w.r.t. the logits) of the PPO surrogate of the "
+    "stored action's log-likelihood, plus the entropy cost",
+}
+
+
+def inputs(case, batch, key):
+    """``(logits, mask, action, old_log_likelihood, advantage)`` for ``case`` at ``batch``.
+
+    The mask (for a masked case, else None) is random booleans with one allowed
+    action per row at least; the stored action and its log-likelihood are the
+    hand-written rollout's.
+    """
+
+    @jax.jit
+    def make(key):
+        k_logits, k_mask, k_allowed, k_action, k_advantage = jax.random.split(key, 5)
+        logits = 2.0 * jax.random.normal(k_logits, (batch, case.num_params))
+        mask = None
+        if case.masked:
+            mask = jax.random.bernoulli(k_mask, 0.5, logits.shape)
+            allowed = jax.random.randint(k_allowed, (batch,), 0, case.num_params)
+            mask = mask.at[jnp.arange(batch), allowed].set(True)
+        rollout = implementations.discrete_distribution_rollout(case.distribution)
+        action, old_log_likelihood = rollout(logits, mask, k_action)
+        return logits, mask, action, old_log_likelihood, jax.random.normal(k_advantage, (batch,))
+
+    return make(key)
+
+
+def _call_seconds(fn, args, calls):
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved(fns, rounds):
+    """Per implementation, ``(seconds per call, ratio to the first)`` for each round."""
+    for fn, args in fns.values():
+        jax.block_until_ready(fn(*args))  # compile and warm up
+    reference = next(iter(fns))
+    calls = max(1, int(_ROUND_SECONDS / max(_call_seconds(*fns[reference], 3), 1e-7)))
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        order = list(fns)
+        random.shuffle(order)
+        seconds = {name: _call_seconds(*fns[name], calls) for name in order}
+        for name in fns:
+            samples[name].append((seconds[name], seconds[name] / seconds[reference]))
+    return samples
+
+
+def _summary(samples):
+    ratios = [r for _, r in samples]
+    return (
+        statistics.median(s for s, _ in samples),
+        statistics.median(ratios),
+        min(ratios),
+        max(ratios),
+    )
+
+
+def time_case(case, batch, rounds):
+    """``{workload: interleaved samples}`` of the implementations of ``case`` at ``batch``."""
+    logits, mask, action, old_log_likelihood, advantage = inputs(case, batch, jax.random.key(0))
+    impls = implementations.discrete_implementations(case)
+    rollout, loss = {}, {}
+    for impl in impls:
+        rng = impl.random_input(jax.random.key(1))
+        rollout[impl.name] = (jax.jit(impl.rollout), (logits, mask, rng))
+        loss[impl.name] = (
+            jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
+            (logits, mask, action, old_log_likelihood, advantage, rng),
+        )
+    return {"rollout": interleaved(rollout, rounds), "loss": interleaved(loss, rounds)}
+
+
+def _parts(distribution):
+    """The pieces of the two workloads, each a function of ``(logits, mask, action, key)``."""
+
+    def objective(logits, mask, action):
+        dist = distribution(logits, mask)
+        return jnp.sum(dist.log_prob(action) + dist.entropy())
+
+    return {
+        "draw": lambda logits, mask, action, key: distribution(logits, mask).sample(seed=key),
+        "log_prob": lambda logits, mask, action, key: distribution(logits, mask).log_prob(action),
+        "entropy": lambda logits, mask, action, key: distribution(logits, mask).entropy(),
+        "gradient of sum(log_prob + entropy)": lambda logits, mask, action, key: jax.grad(
+            objective
+        )(logits, mask, action),
+    }
+
+
+def time_parts(case, batch, rounds):
+    """``{part: interleaved samples}``: the distributions' pieces, and the head's metrics.
+
+    Each piece of the hand-written distribution beside the same piece of the
+    samplers distribution (the pure layer); then the head's rollout returning its
+    ``metrics`` too, beside the hand-written rollout and the head's plain rollout.
+    """
+    logits, mask, action, _, _ = inputs(case, batch, jax.random.key(0))
+    key = jax.random.key(1)
+    pieces = {
+        name: _parts(distribution)
+        for name, distribution in (
+            ("handwritten", case.distribution),
+            ("samplers (pure layer)", case.samplers_distribution),
+        )
+    }
+    results = {}
+    for part in pieces["handwritten"]:
+        fns = {name: (jax.jit(p[part]), (logits, mask, action, key)) for name, p in pieces.items()}
+        results[part] = interleaved(fns, rounds)
+    impls = implementations.discrete_implementations(case)
+    head = impls[1]
+    with_metrics = implementations.discrete_head_rollout_with_metrics(case)
+    state = head.random_input(key)
+    fns = {
+        impls[0].name: (jax.jit(impls[0].rollout), (logits, mask, key)),
+        head.name: (jax.jit(head.rollout), (logits, mask, state)),
+        "samplers, metrics returned": (jax.jit(with_metrics), (logits, mask, state)),
+    }
+    results["head rollout"] = interleaved(fns, rounds)
+    return results
+
+
+def _load():
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _commit():
+    """The commit of the library timed, and whether ``samplers/`` (but its examples) differs."""
+    root = Path(__file__).parent.parent
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "samplers", ":!samplers/examples")
+    except (OSError, subprocess.CalledProcessError):
+        return "samplers from an unknown commit"
+    return f"samplers at commit {commit}" + (" with local changes" if changed else "")
+
+
+def _version(package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _table(rows, header):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, command=None):
+    """Times every discrete case at each batch size; writes ``{name}.md`` and ``{name}.json``.
+
+    Args:
+        batches: The batch sizes.
+        out_dir: Where the files go.
+        device: A ``jax.Device``; JAX's default device if None.
+        name: Stem of the report's file names.
+        rounds: Interleaved rounds per cell.
+        command: The command line to record in the report.
+
+    Returns:
+        The report's text.
+    """
+    device = jax.devices()[0] if device is None else device
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    commit, load_before, started = _commit(), _load(), time.perf_counter()
+    results, parts, largest = {}, {}, max(batches)
+    with jax.default_device(device):
+        for case in implementations.discrete_cases():
+            for batch in batches:
+                print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
+                results[case.name, batch] = time_case(case, batch, rounds)
+        for case in implementations.discrete_cases():
+            print(f"timing the parts of {case.name} B={largest}", flush=True)
+            parts[case.name] = time_parts(case, largest, rounds)
+    load_after, minutes = _load(), (time.perf_counter() - started) / 60
+    timings = [
+        {
+            "workload": workload,
+            "head": head,
+            "batch": batch,
+            "implementation": implementation,
+            **dict(zip(("seconds", "ratio", "low", "high"), _summary(samples), strict=True)),
+        }
+        for (head, batch), cell in results.items()
+        for workload in _WORKLOADS
+        for implementation, samples in cell[workload].items()
+    ]
+    command = command or "python -m benchmarks --discrete"
+    i = implementations
+    sections = [
+        "# Discrete heads against distrax as users write it",
+        "",
+        f"Command: `{command}`, {datetime.date.today()}. Device: {device.device_kind} "
+        f"(platform {device.platform}); host {platform.machine()} with "
+        f"{len(os.sched_getaffinity(0))} cores, load average (1, 5, 15 min) {load_before} "
+        f"before and {load_after} after the {minutes:.1f} minutes of timing. Python "
+        f"{platform.python_version()}, jax {jax.__version__}, flax {_version('flax')}, "
+        f"distrax {_version('distrax')}, {commit}; float32.",
+        "",
+        f"Categorical: {i.NUM_ACTIONS} actions (masked: random booleans, at least one "
+        f"allowed per row). MultiDiscrete: nvec = {i.NVEC}. MultiBinary: {i.NUM_BITS} bits. "
+        f"Each cell: median over {rounds} interleaved rounds of time / hand-written time "
+        "in the same round (min-max); below 1 is faster than the hand-written code.",
+    ]
+    names = [impl.name for impl in i.discrete_implementations(i.discrete_cases()[0])]
+    for workload in _WORKLOADS:
+        rows = []
+        for (head, batch), cell in results.items():
+            seconds = _summary(cell[workload][names[0]])[0]
+            ratios = [_summary(cell[workload][n]) for n in names[1:]]
+            rows.append(
+                [head, batch, f"{seconds * 1e3:.4f}"]
+                + [f"{r:.2f} ({low:.2f}-{high:.2f})" for _, r, low, high in ratios]
+            )
+        header = ["head", "B", "hand-written (ms)", *names[1:]]
+        sections += ["", f"## {_TITLES[workload]}", "", _table(rows, header)]
+    rows = []
+    for head, cell in parts.items():
+        for part, samples in cell.items():
+            names = list(samples)
+            ratios = [_summary(samples[n]) for n in names[1:]]
+            cells = [f"{r:.2f} ({low:.2f}-{high:.2f})" for _, r, low, high in ratios]
+            seconds = _summary(samples[names[0]])[0]
+            if part == "head rollout":
+                rows.append([head, "rollout", f"{seconds * 1e3:.4f}", "-", *cells])
+            else:
+                rows.append([head, part, f"{seconds * 1e3:.4f}", *cells, "-", "-"])
+    sections += [
+        "",
+        f"## Where the time goes (B = {largest})",
+        "",
+        "Each piece of the hand-written distribution beside the same piece of the samplers "
+        "distribution (the pure layer, `samplers.MaskedCategorical`, `samplers.MultiDiscrete`, "
+        "`samplers.MultiBinary`), each under `jax.jit`; then the rollout of the head beside "
+        "the same rollout returning the head's `metrics` (`allowed_actions`, "
+        "`masked_probability`), which the timed rollout above leaves out. Ratios to the "
+        "hand-written column, as above.",
+        "",
+        _table(
+            rows,
+            [
+                "head",
+                "piece",
+                "hand-written (ms)",
+                "samplers (pure layer)",
+                "samplers",
+                "samplers, metrics returned",
+            ],
+        ),
+    ]
+    text = "\n".join(sections) + "\n"
+    (out_dir / f"{name}.md").write_text(text)
+    record = {
+        "command": command,
+        "device_kind": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "samplers": commit,
+        "load_average": {"before": load_before, "after": load_after},
+        "rounds": rounds,
+        "timings": timings,
+        "parts": [
+            {
+                "head": head,
+                "batch": largest,
+                "piece": part,
+                "implementation": implementation,
+                **dict(zip(("seconds", "ratio", "low", "high"), _summary(s), strict=True)),
+            }
+            for head, cell in parts.items()
+            for part, samples in cell.items()
+            for implementation, s in samples.items()
+        ],
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return text
