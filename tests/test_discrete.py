@@ -682,3 +682,23 @@ def test_multi_binary_refuses_bad_inputs_by_name():
         samplers.MultiBinary(jnp.zeros(3), jnp.ones(3, bool))
     with pytest.raises(TypeError, match=r"mask must be boolean .* got dtype int32"):
         samplers.MultiBinary(jnp.zeros(3), jnp.ones((3, 2), jnp.int32))
+
+
+def test_multi_binary_kl_gradient_is_finite_at_log_odds_of_plus_or_minus_inf():
+    # A certain bit of p, given as +-inf log-odds rather than by the mask: KL(p || q) is
+    # -log q(value), whose gradient with respect to p's infinite log-odds is 0.
+    def kl(p_logits, q_logits):
+        return samplers.MultiBinary(p_logits).kl_divergence(samplers.MultiBinary(q_logits)).sum()
+
+    with jax.enable_x64(True):
+        p, q = jnp.array([np.inf, -np.inf, 0.5]), jnp.array([-1.0, 2.0, 0.0])
+        p_grad, q_grad = jax.grad(kl, argnums=(0, 1))(p, q)
+        expected = -special.log_expit(-1.0) - special.log_expit(-2.0)
+        expected += _mb_kl_oracle(
+            np.array([[0.5]]), np.array([[0.0]]), *[np.ones((1, 1, 2), bool)] * 2
+        )[0]
+        np.testing.assert_allclose(kl(p, q), expected, rtol=1e-12)
+    np.testing.assert_array_equal(p_grad[:2], 0.0)
+    # d/dq of -log sigmoid(q) and -log sigmoid(-q): -sigmoid(-q) and sigmoid(q).
+    np.testing.assert_allclose(q_grad[:2], [-special.expit(1.0), special.expit(2.0)], rtol=1e-12)
+    assert np.all(np.isfinite(p_grad)) and np.all(np.isfinite(q_grad))

@@ -442,3 +442,15 @@ def test_bad_inputs_are_refused_by_name(kind):
         head((), logits, action.astype(jnp.float32), mask=mask)
     with pytest.raises(ValueError, match=rf"the action shape {action_shape}, got \(7"):
         head((), logits, action[:7], mask=mask)
+
+
+def test_masked_probability_is_nan_where_a_forbidden_logit_is_nan_or_plus_inf():
+    head = samplers.CategoricalSampler(nnx.Rngs(0), 0.01, num_actions=3)
+    logits = jnp.array([[0.0, jnp.nan, 1.0], [0.0, jnp.inf, 1.0], [0.0, -jnp.inf, 1.0]])
+    mask = jnp.array([[True, False, True]] * 3)
+    out = head((), logits, jnp.array([2, 2, 2]), mask=mask)
+    assert np.all(np.isnan(out.metrics["masked_probability"][:2]))
+    assert out.metrics["masked_probability"][2] == 0.0
+    # The head itself is unaffected: the forbidden logits reach no other output.
+    likelihood, loss = out.output["log_likelihood"], out.regularization_loss
+    assert likelihood[0] == likelihood[1] == likelihood[2] and loss[0] == loss[1] == loss[2]

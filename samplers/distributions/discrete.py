@@ -12,11 +12,13 @@ from typing import Any, cast
 import distrax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
+from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
 from samplers.distributions.categorical import MaskedCategorical
+
+tfd = tfp.distributions
 
 
 class _SubActions(distrax.Independent):
@@ -89,14 +91,9 @@ class MultiDiscrete(_SubActions):
         elif isinstance(mask, (list, tuple)):
             mask = _per_part_mask(mask, nvec, logits.shape[:-1])
         mask = _boolean_mask(mask, logits.shape)
-        # Choice j of sub-action i sits at flat index offset[i] + j; pads point at 0.
-        offsets = np.cumsum((0, *nvec[:-1]))
-        width = max(nvec)
-        real = np.arange(width)[None, :] < np.asarray(nvec)[:, None]
-        index = np.where(real, offsets[:, None] + np.arange(width)[None, :], 0)
-        real = np.broadcast_to(real, (*logits.shape[:-1], *real.shape))
-        padded_logits = jnp.where(real, logits[..., index], -jnp.inf)
-        padded_mask = real & mask[..., index]
+        # Each sub-action's slice, padded to the largest with forbidden choices.
+        padded_logits = _pad_parts(logits, nvec, -jnp.inf)
+        padded_mask = _pad_parts(mask, nvec, False)
         super().__init__(MaskedCategorical(padded_logits, padded_mask, dtype=dtype), 1)
         self._nvec = nvec
 
@@ -205,14 +202,43 @@ class _Bernoulli(distrax.Bernoulli):
         return jnp.exp(self.log_prob(value))
 
     def entropy(self) -> Array:
-        # A bit of log-odds +-inf is certain: entropy 0 with gradient 0, where
-        # distrax's p log p products give a NaN gradient.
-        logits = self.logits
-        finite = jnp.isfinite(logits)
-        safe = jnp.where(finite, logits, 0.0)
-        entropy = jax.nn.sigmoid(safe) * jax.nn.softplus(-safe)
-        entropy += jax.nn.sigmoid(-safe) * jax.nn.softplus(safe)
-        return jnp.where(finite, entropy, jnp.where(jnp.isnan(logits), jnp.nan, 0.0))
+        # -sum p log p over the two values, from log_prob's own terms (the backward
+        # pass then shares them); a value of probability 0 adds 0 * 0, not 0 * -inf,
+        # so that a certain bit has entropy 0 and gradient 0.
+        logits = jnp.asarray(self.logits)
+        entropy = jnp.zeros_like(logits)
+        for log_p in (jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits)):
+            possible = log_p != -jnp.inf  # NaN stays NaN
+            safe = jnp.where(possible, log_p, 0.0)
+            entropy -= jnp.where(possible, jnp.exp(safe) * safe, 0.0)
+        return entropy
+
+
+def _bernoulli_kl(p, q, *_, **__) -> Array:
+    """``KL(p || q)`` of two bits, registered with TFP for :class:`_Bernoulli`.
+
+    Summed over the values ``p`` gives positive probability, so a certain bit
+    (log-odds ``+-inf``, as a mask forces) has finite gradients: ``+inf`` where
+    ``q`` rules out a value ``p`` can take, NaN where either has NaN log-odds.
+    """
+    kl = 0.0
+    for sign in (1.0, -1.0):
+        log_p = jax.nn.log_sigmoid(sign * p.logits)
+        log_q = jax.nn.log_sigmoid(sign * q.logits)
+        possible = log_p != -jnp.inf  # NaN stays NaN
+        safe = jnp.where(possible, log_p, 0.0)
+        kl += jnp.where(possible, jnp.exp(safe) * (safe - log_q), 0.0)
+    return kl
+
+
+def _pad_parts(flat, nvec, fill) -> Array:
+    """``[*batch, sum(nvec)]`` as ``[*batch, len(nvec), max(nvec)]``, padded with ``fill``."""
+    width, start, parts = max(nvec), 0, []
+    for n in nvec:
+        pad = [(0, 0)] * (flat.ndim - 1) + [(0, width - n)]
+        parts.append(jnp.pad(flat[..., start : start + n], pad, constant_values=fill))
+        start += n
+    return jnp.stack(parts, axis=-2)
 
 
 def _per_part_mask(parts, nvec, batch_shape) -> Array:
@@ -241,3 +267,6 @@ def _boolean_mask(mask, shape, hint: str = "") -> Array:
             f"jnp.broadcast_to(mask, {tuple(shape)}) if it is shared across the batch."
         )
     return mask
+
+
+tfd.RegisterKL(_Bernoulli, _Bernoulli)(_bernoulli_kl)

@@ -99,8 +99,10 @@ class _MaskedSampler(ActionSampler):
             ``metrics``: ``allowed_actions``, the number of allowed actions (for
             several sub-actions, of allowed combinations), and
             ``masked_probability``, the probability that the logits before
-            masking put on forbidden actions (0 without a mask), both without
-            gradient; ``rollout_extras``: the action.
+            masking put on forbidden actions (0 without a mask; NaN where a
+            logit is NaN or ``+inf``, masked or not, as the probabilities before
+            masking are then undefined), both without gradient;
+            ``rollout_extras``: the action.
 
         Raises:
             ValueError: the logits' last axis is not ``num_params``, a mask's
