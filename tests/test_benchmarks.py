@@ -184,7 +184,9 @@ def _sample_key(implementation, key):
 
 
 @pytest.mark.parametrize("implementation", ["samplers", slow("samplers (pure layer)")])
-@pytest.mark.parametrize("name", list(_DISCRETE))
+@pytest.mark.parametrize(
+    "name", [n if n == "Categorical, masked" else slow(n, id=n) for n in _DISCRETE]
+)
 def test_discrete_heads_compute_what_the_hand_written_code_computes(name, implementation):
     case = _DISCRETE[name]
     impls = {impl.name: impl for impl in implementations.discrete_implementations(case)}

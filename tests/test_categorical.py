@@ -11,6 +11,7 @@ from scipy import special
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
+from tests._tiers import slow
 
 tfd = tfp.distributions
 
@@ -119,7 +120,7 @@ def test_a_value_that_is_no_action_index_scores_nan_and_one_outside_the_range_mi
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), (jnp.float64, 1e-14)])
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), slow(jnp.float64, 1e-14)])
 def test_cdf_is_the_float64_cumulative_sum_and_nan_without_a_distribution(dtype, rtol):
     with jax.enable_x64(dtype == jnp.float64):
         dist = _dist(dtype)

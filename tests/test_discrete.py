@@ -331,7 +331,7 @@ def _md_kl_oracle(p_logits, q_logits, rows=slice(None)):
     return sum(_kl(lp, lq) for lp, lq in zip(log_p, log_q, strict=True))
 
 
-@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.float64, 1e-12)])
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), slow(jnp.float64, 1e-12)])
 def test_multi_discrete_kl_divergence_matches_float64_formula(dtype, tol):
     with jax.enable_x64(dtype == jnp.float64):
         p, q = _md(dtype), _md(dtype, Q_LOGITS, Q_MASK)
@@ -533,7 +533,7 @@ def _mb_results(dtype_name, clean=False):
         return jax.tree.map(np.asarray, out)
 
 
-@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-13)])
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), slow("float64", 1e-13)])
 def test_multi_binary_log_prob_entropy_and_probs_match_the_bernoulli_formula(dtype, tol):
     got = _mb_results(dtype)
     log_probs, entropy, probs = _mb_oracle(_rounded(BITS, dtype), BIT_MASK)

@@ -448,6 +448,7 @@ def _tictactoe_outcomes_of_random_play() -> dict[str, float]:
     return {"win": (win + loss) / 2, "draw": draw, "loss": (loss + win) / 2}
 
 
+@pytest.mark.slow
 def test_tictactoe_random_play_against_the_opponent_matches_the_exact_outcomes():
     exact = _tictactoe_outcomes_of_random_play()
     # The known figures of random play: the first mover wins 58.5%, draws 12.7%.
@@ -468,6 +469,7 @@ def test_tictactoe_random_play_against_the_opponent_matches_the_exact_outcomes()
     assert np.mean(total == -1.0) == pytest.approx(exact["loss"], abs=0.015)
 
 
+@pytest.mark.slow
 def test_tictactoe_opponent_draws_uniformly_among_the_legal_cells_only():
     keys = jax.random.split(jax.random.key(0), 30_000)
     legal = jax.random.bernoulli(jax.random.key(1), 0.4, (30_000, 9))
@@ -481,6 +483,7 @@ def test_tictactoe_opponent_draws_uniformly_among_the_legal_cells_only():
     np.testing.assert_allclose(frequency[[0, 4, 8]], 1 / 3, atol=0.015)
 
 
+@pytest.mark.slow
 def test_tictactoe_an_occupied_cell_ends_the_game_as_a_loss():
     # Games where the opponent moved first: one mark on the board, the agent to move.
     games = jax.jit(jax.vmap(tictactoe.new_game))(jax.random.split(jax.random.key(0), 64))

@@ -11,6 +11,7 @@ from gymnax.environments import spaces as gymnax
 from scipy import special, stats
 
 import samplers
+from tests._tiers import SLOW, slow
 
 BATCH = 256
 
@@ -30,14 +31,18 @@ def _params(head, seed=0, scale=3.0):
 @pytest.mark.parametrize(
     "space, head_class, num_params",
     [
-        (gym.Box(-1.0, 1.0, (3,)), samplers.SquashedNormalSampler, 6),
-        (gym.Box(_f32(-2.0, 0.0), _f32(0.5, 1e-3)), samplers.SquashedNormalSampler, 4),
-        (gym.Box(-np.inf, np.inf, (2,)), samplers.SquashedNormalSampler, 4),
-        (gym.Discrete(5), samplers.CategoricalSampler, 5),
-        (gym.MultiDiscrete([3, 1, 4]), samplers.MultiDiscreteSampler, 8),
-        (gym.MultiBinary(6), samplers.MultiBinarySampler, 6),
+        slow(gym.Box(-1.0, 1.0, (3,)), samplers.SquashedNormalSampler, 6, id="box"),
+        pytest.param(
+            gym.Box(_f32(-2.0, 0.0), _f32(0.5, 1e-3)),
+            samplers.SquashedNormalSampler,
+            4,
+            id="asymmetric-box",
+        ),
+        slow(gym.Box(-np.inf, np.inf, (2,)), samplers.SquashedNormalSampler, 4, id="unbounded-box"),
+        slow(gym.Discrete(5), samplers.CategoricalSampler, 5, id="discrete"),
+        pytest.param(gym.MultiDiscrete([3, 1, 4]), samplers.MultiDiscreteSampler, 8, id="md"),
+        slow(gym.MultiBinary(6), samplers.MultiBinarySampler, 6, id="multi-binary"),
     ],
-    ids=["box", "asymmetric-box", "unbounded-box", "discrete", "multi-discrete", "multi-binary"],
 )
 def test_each_gymnasium_space_gets_a_head_whose_actions_the_space_contains(
     space, head_class, num_params
@@ -108,10 +113,16 @@ def test_an_unbounded_box_is_an_unsquashed_normal_with_its_exact_entropy():
 def test_options_reach_the_head_and_an_explicit_entropy_is_kept():
     head = _head(gym.Box(-np.inf, np.inf, (2,)), entropy="sample", per_env_streams=True)
     assert head.entropy == ("sample", 1) and head.per_env_streams
+    assert _head(gym.Discrete(3), per_env_streams=True, rng_collection="policy").per_env_streams
+
+
+@SLOW
+def test_a_discrete_head_from_a_space_takes_per_environment_streams():
     head = _head(gym.Discrete(3), per_env_streams=True)
     assert head((head.initialize_state(4)), jnp.zeros((4, 3))).output["action"].shape == (4,)
 
 
+@SLOW
 def test_a_masked_discrete_head_from_a_space_scores_the_float64_masked_softmax():
     with jax.enable_x64():
         head = _head(gym.Discrete(4))
