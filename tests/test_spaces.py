@@ -1,6 +1,9 @@
 """``head_for`` on gymnasium and gymnax spaces: the head, its ``num_params``, actions the
 space contains, log-likelihoods against float64 formulas, and refusals."""
 
+import collections
+
+import distrax
 import gymnasium.spaces as gym
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,7 @@ from gymnax.environments import spaces as gymnax
 from scipy import special, stats
 
 import samplers
+from samplers.heads.composite import CompositeSampler
 from tests._tiers import SLOW, slow
 
 BATCH = 256
@@ -154,17 +158,13 @@ def test_spaces_the_heads_cannot_serve_as_given_are_refused_with_the_fix(space, 
 
 @pytest.mark.parametrize(
     "space",
-    [
-        gym.Dict({"a": gym.Discrete(2)}),
-        gym.Tuple((gym.Discrete(2),)),
-        gym.Text(4),
-        gymnax.Dict({"a": gymnax.Discrete(2)}),
-        "Discrete(4)",
-    ],
-    ids=["gymnasium-dict", "gymnasium-tuple", "text", "gymnax-dict", "a-string"],
+    [gym.Text(4), gym.Sequence(gym.Discrete(2)), "Discrete(4)"],
+    ids=["text", "sequence", "a-string"],
 )
 def test_other_spaces_are_refused_naming_what_was_received(space):
-    with pytest.raises(TypeError, match=f"got .*{type(space).__name__}"):
+    with pytest.raises(
+        TypeError, match=f"MultiBinary, Dict and Tuple spaces, got .*{type(space).__name__}"
+    ):
         _head(space)
 
 
@@ -176,3 +176,212 @@ def test_a_squashed_head_knows_num_params_only_when_given_action_dim():
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.1, action_dim=3)
     with pytest.raises(ValueError, match=r"shape \[\*batch, 6\] \(2 \* action_dim\), got \(4, 4\)"):
         head((), jnp.zeros((4, 4)))
+
+
+# A Dict and a Tuple space, nested, of every kind of part. A plain dict's keys are
+# sorted by gymnasium; an OrderedDict keeps its order, which the head follows. The parts
+# repeat the shapes of the tests above, so that eager calls reuse their compiled operations.
+BOX = gym.Box(_f32(-2.0, 0.0), _f32(0.5, 1e-3))
+DICT = gym.Dict(
+    collections.OrderedDict(
+        [("fire", gym.Discrete(4)), ("aim", BOX), ("buttons", gym.MultiBinary(3))]
+    )
+)
+NESTED = gym.Tuple(
+    (
+        gym.Dict({"fire": gym.Discrete(4), "aim": BOX}),
+        gym.MultiDiscrete([3, 1, 4]),
+        gym.Tuple((gym.MultiBinary(3),)),
+    )
+)
+# The Box parts' exact entropy costs a compilation of its own; the default tier checks the
+# choice, calls with entropy="sample", and the slow tier calls the default.
+SAMPLE = {"entropy": "sample"}
+
+
+def _numpy_params(head, seed=0):
+    """As ``_params``, drawn by numpy: an eager jax.random call compiles for each shape."""
+    rng = np.random.default_rng(seed)
+    return (3.0 * rng.normal(size=(BATCH, head.num_params))).astype(np.float32)
+
+
+def _leaf_heads(head, path=()):
+    """``(path, head)`` of every part of a composite, nested ones' parts included."""
+    items = head.parts.items() if isinstance(head.parts, dict) else enumerate(head.parts)
+    for name, part in items:
+        if isinstance(part, CompositeSampler):
+            yield from _leaf_heads(part, (*path, str(name)))
+        else:
+            yield "/".join((*path, str(name))), part
+
+
+def _element(action, i):
+    """Batch element ``i`` of a structured action, as numpy arrays."""
+    return jax.tree.map(lambda a: np.asarray(a)[i], action)
+
+
+@pytest.mark.parametrize(
+    "space, num_params, leaves, options",
+    [
+        pytest.param(DICT, 4 + 4 + 3, {"fire": 4, "aim": 4, "buttons": 3}, SAMPLE, id="dict"),
+        pytest.param(
+            NESTED,
+            8 + 8 + 3,
+            {"0/aim": 4, "0/fire": 4, "1": 8, "2/0": 3},
+            SAMPLE,
+            id="dict-in-tuple",
+        ),
+        slow(DICT, 11, {"fire": 4, "aim": 4, "buttons": 3}, {}, id="dict-exact-entropy"),
+        slow(
+            gym.Tuple((gym.Discrete(3), gym.Box(-np.inf, np.inf, (2,)), gym.Box(-1.0, 1.0, (1,)))),
+            3 + 4 + 2,
+            {"0": 3, "1": 4, "2": 2},
+            {},
+            id="tuple-exact-entropy",
+        ),
+    ],
+)
+def test_dict_and_tuple_spaces_get_composites_whose_actions_the_space_contains(
+    space, num_params, leaves, options
+):
+    head = _head(space, **options)
+    assert type(head) is CompositeSampler and head.num_params == num_params
+    parts = dict(_leaf_heads(head))
+    assert {path: part.num_params for path, part in parts.items()} == leaves
+    # A Box part's entropy is exact: "exact" for bounds, "base" (the Normal's) without.
+    for _, part in _leaf_heads(_head(space)):
+        if type(part) is samplers.SquashedNormalSampler:
+            bounded = type(part.bijector) is not distrax.Lambda
+            assert part.entropy == (("exact", 0) if bounded else ("base", 0))
+    out = head((), _numpy_params(head))
+    action = out.output["action"]
+    assert type(action) is dict if type(space).__name__ == "Dict" else type(action) is tuple
+    assert all(space.contains(_element(action, i)) for i in range(BATCH))
+    assert np.all(np.isfinite(out.output["log_likelihood"]))
+    again = head((), _numpy_params(head), out.rollout_extras)
+    np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
+    if not options:  # the exact entropies, summed: finite, and the parts' sum
+        total = sum(
+            np.asarray(part((), params).regularization_loss)
+            for part, params in zip(
+                parts.values(),
+                np.split(_numpy_params(head), np.cumsum(list(leaves.values()))[:-1], -1),
+                strict=True,
+            )
+        )
+        assert np.all(np.isfinite(out.regularization_loss))
+        np.testing.assert_allclose(out.regularization_loss, total, rtol=1e-6)
+
+
+def test_a_dict_space_s_parts_are_sliced_in_its_own_order():
+    params = np.zeros((BATCH, 11), np.float32)
+    params[:, 2] = 50.0  # "fire" comes first in DICT: action 2
+    head = _head(DICT, **SAMPLE)
+    action = head((), params).output["action"]
+    assert list(action) == ["fire", "aim", "buttons"]
+    np.testing.assert_array_equal(action["fire"], 2)
+    # gymnasium sorts a plain dict's keys: "aim" first, so the params slice differently.
+    sorted_space = gym.Dict(dict(DICT.spaces))
+    assert list(sorted_space.spaces) == ["aim", "buttons", "fire"]
+    assert list(_head(sorted_space, **SAMPLE)((), params).output["action"]) == [
+        "aim",
+        "buttons",
+        "fire",
+    ]
+
+
+def test_a_part_s_actions_do_not_change_when_another_part_is_added_to_the_space():
+    head = _head(DICT, **SAMPLE)
+    bigger = gym.Dict(collections.OrderedDict([*DICT.spaces.items(), ("extra", gym.Discrete(4))]))
+    other = _head(bigger, **SAMPLE)
+    params = _numpy_params(head)
+    out = head((), params)
+    more = other((), jnp.concatenate([params, _numpy_params(head, seed=1)[:, :4]], -1))
+    for name in DICT.spaces:
+        np.testing.assert_array_equal(more.output["action"][name], out.output["action"][name])
+
+
+def test_options_reach_the_parts_that_take_them_and_an_explicit_entropy_is_kept():
+    space = gym.Dict(
+        {"a": gym.Discrete(3), "b": gym.Box(-1.0, 1.0, (2,)), "c": gym.Box(-np.inf, np.inf, (1,))}
+    )
+    head = _head(space, per_env_streams=True, min_std=0.1)
+    parts = head.parts
+    assert head.per_env_streams and all(part.per_env_streams for part in parts.values())
+    assert parts["b"].min_std == parts["c"].min_std == 0.1
+    assert parts["b"].entropy == ("exact", 0) and parts["c"].entropy == ("base", 0)
+    sampled = _head(space, entropy="sample")
+    assert sampled.parts["b"].entropy == sampled.parts["c"].entropy == ("sample", 1)
+    state = head.initialize_state(4)
+    assert set(state) == {"a", "b", "c"} and all(keys.shape == (4,) for keys in state.values())
+    # rng_collection names the stream of every part and the composite's one key.
+    rngs = nnx.Rngs(params=0, policy=1)
+    named = samplers.head_for(space, rngs=rngs, entropy_weight=0.1, rng_collection="policy")
+    assert int(rngs.policy.count[...]) == 1 and int(rngs.params.count[...]) == 0
+    assert all(part.rng_collection == "policy" for part in named.parts.values())
+
+
+def test_gymnax_dict_and_tuple_spaces_get_composites_too():
+    space = gymnax.Tuple(
+        [
+            gymnax.Dict({"a": gymnax.Discrete(4), "b": gymnax.Box(-2.0, 2.0, (2,))}),
+            gymnax.Discrete(4),
+        ]
+    )
+    head = _head(space, **SAMPLE)
+    assert type(head) is CompositeSampler and head.num_params == 4 + 4 + 4
+    action = head((), _numpy_params(head)).output["action"]
+    assert type(action) is tuple and set(action[0]) == {"a", "b"}
+    # gymnax's Dict.contains reads attributes, not keys: each part's space is checked.
+    parts = space.spaces[0].spaces
+    for i in range(0, BATCH, 32):
+        (inner, last) = _element(action, i)
+        assert parts["a"].contains(inner["a"]) and parts["b"].contains(inner["b"])
+        assert space.spaces[1].contains(last)
+
+
+@pytest.mark.parametrize(
+    "space, options, error, message",
+    [
+        (DICT, {"bijector": samplers.Tanh()}, TypeError, "no bijector for a Dict space"),
+        (
+            gym.Tuple((gym.Discrete(2), gym.MultiBinary(2))),
+            {"min_std": 0.1},
+            TypeError,
+            r"got \['min_std'\], options of the Box heads, for a Tuple space without a Box "
+            r"part \(its parts: \{'0': 'Discrete', '1': 'MultiBinary'\}\)",
+        ),
+        (
+            DICT,
+            {"mni_std": 0.1},
+            TypeError,
+            r"part 'aim' of the action space: SquashedNormalSampler\(\) got unexpected keyword "
+            r"arguments \['mni_std'\]",
+        ),
+        (
+            gym.Dict({"a": gym.Tuple((gym.Text(4),))}),
+            {},
+            TypeError,
+            r"part 'a/0' of the action space: head_for builds heads for .* got .*Text",
+        ),
+        (
+            gym.Tuple((gym.Discrete(2), gym.Box(-np.inf, 1.0, (1,)))),
+            {},
+            ValueError,
+            r"part '1' of the action space: head_for needs each Box dimension bounded",
+        ),
+        (gym.Dict({}), {}, ValueError, "at least one part in a Dict space"),
+        (
+            gymnax.Dict({1: gymnax.Discrete(2)}),
+            {},
+            TypeError,
+            "needs str keys in a Dict space, got 1",
+        ),
+    ],
+    ids=["bijector", "no-box", "unknown-option", "nested-text", "half-bounded", "empty", "int"],
+)
+def test_what_a_composite_space_cannot_take_is_refused_naming_the_part(
+    space, options, error, message
+):
+    with pytest.raises(error, match=message):
+        _head(space, **options)

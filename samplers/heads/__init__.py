@@ -7,6 +7,7 @@ replay; the entropy cost and metrics.
 """
 
 from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.composite import CompositeSampler, ParameterizedSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
 from samplers.heads.distribution_sampler import DistributionSampler
 from samplers.heads.functional import functional
@@ -21,10 +22,12 @@ from samplers.heads.squashed_normal import (
 __all__ = [
     "ActionSampler",
     "CategoricalSampler",
+    "CompositeSampler",
     "DistributionSampler",
     "MultiBinarySampler",
     "MultiDiscreteSampler",
     "NormalTanhSampler",
+    "ParameterizedSampler",
     "SquashedNormalSampler",
     "StateIndependentSampler",
     "StatefulModule",

@@ -2,8 +2,8 @@
 
 Spaces are recognised by their class name and attributes (duck typing), so that
 neither gymnasium nor gymnax is a dependency: ``Box`` (``low``, ``high``,
-``shape``, ``dtype``), ``Discrete`` (``n``), ``MultiDiscrete`` (``nvec``) and
-``MultiBinary`` (``n``).
+``shape``, ``dtype``), ``Discrete`` (``n``), ``MultiDiscrete`` (``nvec``),
+``MultiBinary`` (``n``), and ``Dict`` and ``Tuple`` (``spaces``).
 """
 
 from typing import Any
@@ -14,8 +14,12 @@ from flax import nnx
 
 from samplers.distributions.bijectors import BoundedTanh, Tanh
 from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.composite import CompositeSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
 from samplers.heads.squashed_normal import SquashedNormalSampler
+
+# The options every head takes; the others are the squashed-Normal heads', for Box parts.
+_EVERY_HEAD = frozenset({"per_env_streams", "rng_collection"})
 
 
 def head_for(
@@ -40,18 +44,38 @@ def head_for(
     ``Discrete(n)``           :class:`CategoricalSampler`, ``num_params = n``
     ``MultiDiscrete(nvec)``   :class:`MultiDiscreteSampler`, ``sum(nvec)``
     ``MultiBinary(n)``        :class:`MultiBinarySampler`, ``n``
+    ``Dict``, ``Tuple``       :class:`CompositeSampler` of the parts' heads, built
+                              the same way (nested spaces too), in the space's
+                              own order (``space.spaces`` as it iterates); the
+                              action is a dict with the space's keys, or a tuple;
+                              ``num_params`` is the sum of the parts'
     ========================  ==================================================
 
     A ``Box`` must be one-dimensional and floating, with every dimension bounded
     on both sides or on neither: tanh cannot map onto a half-line, so a box
     bounded on one side only is refused rather than given a head whose actions
     miss part of it. ``Discrete`` and ``MultiDiscrete`` must start at 0.
-    Anything else (``Dict``, ``Tuple``, ``Text``, ``Graph``, ...) is refused.
+    Anything else (``Text``, ``Graph``, ``Sequence``, ...) is refused, also as a
+    part of a ``Dict`` or ``Tuple``, naming the part.
+
+    Inside a ``Dict`` or ``Tuple``, a bounded ``Box`` part gets ``entropy="exact"``
+    (its exact entropy; see :class:`SquashedNormalSampler` for its cost) and an
+    unbounded one ``"base"`` (also exact), so that the composite's entropy bonus is
+    exact throughout unless ``entropy=`` is passed. Options reach every part that takes
+    them: ``per_env_streams`` and ``rng_collection`` every part, the squashed-Normal
+    options (``min_std``, ``entropy``, ...) every ``Box`` part; an option that no
+    part takes, and ``bijector`` (each box's bounds choose its squashing), are
+    refused. For settings that differ between parts (an ``entropy_weight`` per part,
+    say), build the parts and a :class:`CompositeSampler` directly. A choice whose
+    parameters count only when chosen is a :class:`ParameterizedSampler`, built
+    directly: a ``Tuple(Discrete(n), Tuple(...))`` space gets independent parts.
 
     Args:
         space: A gymnasium or gymnax action space.
-        rngs: The ``nnx.Rngs`` (or ``nnx.RngStream``) the head draws from.
-        entropy_weight: Weight of the entropy bonus, finite.
+        rngs: The ``nnx.Rngs`` (or ``nnx.RngStream``) the head draws from; a
+            composite draws one key from it (from ``rng_collection`` when given) for
+            its parts' streams.
+        entropy_weight: Weight of the entropy bonus, finite (every part's).
         **options: The head's own keyword options (``per_env_streams``,
             ``min_std``, ``entropy``, ...), passed on.
 
@@ -73,8 +97,17 @@ def head_for(
         >>> box = spaces.Box(low=-2.0, high=2.0, shape=(3,))
         >>> samplers.head_for(box, rngs=nnx.Rngs(0), entropy_weight=0.01).num_params
         6
+        >>> both = spaces.Dict({"fire": spaces.Discrete(4), "aim": box})
+        >>> samplers.head_for(both, rngs=nnx.Rngs(0), entropy_weight=0.01).num_params
+        10
     """
     kind = type(space).__name__
+    if _is_composite(space):
+        _check_composite_options(space, options)
+        parts = _parts(space, (), rngs, entropy_weight, options)
+        return CompositeSampler(
+            parts, rngs=rngs, rng_collection=options.get("rng_collection", "action")
+        )
     if kind == "Box":
         dim, bijector = _box_squashing(space)
         if bijector is None:
@@ -105,9 +138,9 @@ def head_for(
             )
         return MultiBinarySampler(rngs, entropy_weight, int(np.ravel(space.n)[0]), **options)
     raise TypeError(
-        f"head_for builds heads for Box, Discrete, MultiDiscrete and MultiBinary spaces, "
-        f"got {type(space).__module__}.{kind}: {space!r}; build the head directly, e.g. "
-        f"samplers.DistributionSampler with your own distribution."
+        f"head_for builds heads for Box, Discrete, MultiDiscrete, MultiBinary, Dict and "
+        f"Tuple spaces, got {type(space).__module__}.{kind}: {space!r}; build the head "
+        f"directly, e.g. samplers.DistributionSampler with your own distribution."
     )
 
 
@@ -152,3 +185,85 @@ def _refuse_start(space, kind: str) -> None:
             f"the head's actions are 0-based, so build the space without start and add "
             f"{start.tolist()} to the action in the environment."
         )
+
+
+def _is_composite(space) -> bool:
+    return type(space).__name__ in ("Dict", "Tuple") and hasattr(space, "spaces")
+
+
+def _items(space) -> list[tuple[Any, Any]]:
+    """A ``Dict``'s ``(key, part)`` or a ``Tuple``'s ``(index, part)``, as they iterate."""
+    if type(space).__name__ == "Dict":
+        return list(space.spaces.items())
+    return list(enumerate(space.spaces))
+
+
+def _leaves(space, path: tuple[str, ...] = ()):
+    """``(path, space)`` of every part that is not itself a ``Dict`` or ``Tuple``."""
+    for name, part in _items(space):
+        if _is_composite(part):
+            yield from _leaves(part, (*path, str(name)))
+        else:
+            yield (*path, str(name)), part
+
+
+def _check_composite_options(space, options: dict) -> None:
+    """Refuses the options that no part of a ``Dict`` or ``Tuple`` space can take."""
+    kind = type(space).__name__
+    if "bijector" in options:
+        raise TypeError(
+            f"head_for takes no bijector for a {kind} space: each Box part's bounds choose "
+            f"its squashing; build that part as SquashedNormalSampler(..., bijector=...) and "
+            f"the composite with samplers.CompositeSampler."
+        )
+    box_options = sorted(set(options) - _EVERY_HEAD)
+    leaves = list(_leaves(space))
+    if box_options and not any(type(part).__name__ == "Box" for _, part in leaves):
+        parts = {"/".join(path): type(part).__name__ for path, part in leaves}
+        raise TypeError(
+            f"head_for got {box_options}, options of the Box heads, for a {kind} space "
+            f"without a Box part (its parts: {parts}); leave them out, or pass only "
+            f"{sorted(_EVERY_HEAD)}."
+        )
+
+
+def _parts(space, path: tuple[str, ...], rngs, entropy_weight, options: dict):
+    """The heads of a ``Dict`` (a dict) or ``Tuple`` (a tuple) space's parts."""
+    kind = type(space).__name__
+    items = _items(space)
+    if not items:
+        where = f"part {'/'.join(path)!r} of the action space" if path else "the action space"
+        raise ValueError(
+            f"head_for needs at least one part in a {kind} space, got {space!r} as {where}; "
+            f"leave the empty space out."
+        )
+    heads = {}
+    for name, part in items:
+        where = (*path, str(name))
+        if kind == "Dict" and not isinstance(name, str):
+            raise TypeError(
+                f"head_for needs str keys in a Dict space, got {name!r} in part "
+                f"{'/'.join(path) or 'at the top'}; key the space by strings."
+            )
+        if _is_composite(part):
+            # A placeholder stream: the outermost composite gives every part its own.
+            heads[name] = CompositeSampler(
+                _parts(part, where, rngs, entropy_weight, options), rngs=nnx.Rngs(0)
+            )
+        else:
+            heads[name] = _leaf(part, where, rngs, entropy_weight, options)
+    return heads if kind == "Dict" else tuple(heads.values())
+
+
+def _leaf(space, path: tuple[str, ...], rngs, entropy_weight, options: dict) -> ActionSampler:
+    """A part's head, with the options it takes; an error names the part."""
+    try:
+        if type(space).__name__ == "Box":
+            options = dict(options)
+            if _box_squashing(space)[1] is not None:
+                options.setdefault("entropy", "exact")
+        else:
+            options = {name: options[name] for name in _EVERY_HEAD & set(options)}
+        return head_for(space, rngs=rngs, entropy_weight=entropy_weight, **options)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"part {'/'.join(path)!r} of the action space: {error}") from error
