@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 import samplers
-from benchmarks import bandwidth, discrete, implementations
+from benchmarks import bandwidth, composite, discrete, implementations
 
 _QUICK = {
     "batches": (1, 4096, 65536),
@@ -548,6 +548,12 @@ def _parser():
         help="time the discrete heads instead (benchmarks/discrete.py), writing discrete.md "
         "and discrete.json unless --name is given",
     )
+    parser.add_argument(
+        "--composite",
+        action="store_true",
+        help="time the composite heads instead (benchmarks/composite.py), writing "
+        "composite.md and composite.json unless --name is given",
+    )
     return parser
 
 
@@ -562,6 +568,14 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    if args.composite:
+        if args.discrete:
+            parser.error("--composite and --discrete are two separate runs; pass one of them")
+        if args.bandwidth_tbs is not None:
+            parser.error("--bandwidth-tbs: the composite heads have no bandwidth floor; drop it")
+        name = "composite" if args.name == "results" else args.name
+        print(composite.run(grid["batches"], args.out, device=device, name=name, command=command))
+        return
     if args.discrete:
         if args.bandwidth_tbs is not None:
             parser.error("--bandwidth-tbs: the discrete heads have no bandwidth floor; drop it")

@@ -5,7 +5,8 @@ Two layers, one direction of imports:
 - :mod:`samplers.distributions`, the pure layer: network outputs in, real
   ``distrax`` objects out (:func:`normal_tanh`, :func:`squashed_normal`,
   :class:`SquashedNormal`, the bijectors :class:`Tanh`, :class:`Sigmoid`,
-  :class:`BoundedTanh`, :class:`MaskedCategorical` for discrete actions with a
+  :class:`BoundedTanh`, :class:`SquashedBeta` (a Beta on a box, sampled and
+  scored through its logit), :class:`MaskedCategorical` for discrete actions with a
   mask, and diagnostics of the actions);
 - :mod:`samplers.heads`, the NNX shell: :class:`SquashedNormalSampler` (and its
   specified name :class:`NormalTanhSampler`), :class:`StateIndependentSampler`
@@ -18,10 +19,12 @@ Two layers, one direction of imports:
 from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode_pre_image
 from samplers.distributions import (
     BoundedTanh,
+    LogitBeta,
     MaskedCategorical,
     MultiBinary,
     MultiDiscrete,
     Sigmoid,
+    SquashedBeta,
     SquashedNormal,
     Squashing,
     Tanh,
@@ -29,12 +32,14 @@ from samplers.distributions import (
     normal_tanh,
     ppo_log_ratio_stats,
     saturation_fraction,
+    squashed_beta,
     squashed_normal,
     squashed_normal_from_log_std,
     squashed_normal_from_std,
 )
 from samplers.heads import (
     ActionSampler,
+    BetaSampler,
     CategoricalSampler,
     CompositeSampler,
     DistributionSampler,
@@ -53,11 +58,13 @@ from samplers.testing import CrossCheckReport, cross_check
 
 __all__ = [
     "ActionSampler",
+    "BetaSampler",
     "BoundedTanh",
     "CategoricalSampler",
     "CompositeSampler",
     "CrossCheckReport",
     "DistributionSampler",
+    "LogitBeta",
     "MaskedCategorical",
     "MultiBinary",
     "MultiBinarySampler",
@@ -66,6 +73,7 @@ __all__ = [
     "NormalTanhSampler",
     "ParameterizedSampler",
     "Sigmoid",
+    "SquashedBeta",
     "SquashedNormal",
     "SquashedNormalSampler",
     "Squashing",
@@ -84,6 +92,7 @@ __all__ = [
     "normal_tanh",
     "ppo_log_ratio_stats",
     "saturation_fraction",
+    "squashed_beta",
     "squashed_normal",
     "squashed_normal_from_log_std",
     "squashed_normal_from_std",

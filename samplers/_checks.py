@@ -118,3 +118,40 @@ def stored_action_dtype(action: jax.Array, dtype) -> None:
         f"PPO ratio change; store the actions as the rollout call emitted them, or cast "
         f"with .astype(jnp.{dtype})."
     )
+
+
+def replayed_pre_image(
+    rollout_extras,
+    action_shape: tuple[int, ...],
+    dtype,
+    *,
+    hint: str = " (the stored pre-tanh action)",
+) -> jax.Array:
+    """Returns a replayed pre-image after checking it against the action shape and dtype.
+
+    Raises:
+        TypeError: it is not floating (``hint`` names what was expected), or is
+            stored in fewer bits than ``dtype`` (see :func:`stored_precision`).
+        ValueError: its shape is not ``action_shape``.
+    """
+    pre_image = float_array("rollout_extras", rollout_extras, hint=hint)
+    stored_precision("rollout_extras", pre_image, dtype)
+    if pre_image.shape != action_shape:
+        raise ValueError(
+            f"rollout_extras must have the action shape {action_shape} (the stored raw "
+            f"action of this batch), got {pre_image.shape}; pass the rollout_extras that "
+            f"the rollout call returned for these inputs."
+        )
+    return pre_image
+
+
+def stored_precision(name: str, stored: jax.Array, dtype) -> None:
+    """Refuses (``TypeError``) a stored value rounded to fewer bits than the distribution
+    computes in."""
+    if jnp.finfo(stored.dtype).bits < jnp.finfo(dtype).bits:
+        raise TypeError(
+            f"{name} must be stored in {dtype} (or wider), the dtype this sampler "
+            f"computes in, got {stored.dtype}: the rounded value is not the one the rollout "
+            f"emitted, so its log-likelihood and the PPO ratio change; store rollout_extras "
+            f"in {dtype}, as the rollout call emitted them."
+        )

@@ -10,7 +10,7 @@ from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from benchmarks import __main__ as suite
-from benchmarks import bandwidth, discrete, implementations
+from benchmarks import bandwidth, composite, discrete, implementations
 from tests._tiers import slow
 
 _TINY = {
@@ -259,3 +259,100 @@ def test_discrete_flag_runs_the_discrete_suite(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit):
         suite.main(["--discrete", "--bandwidth-tbs", "4.8"])
     assert "the discrete heads have no bandwidth floor" in capsys.readouterr().err
+
+
+_COMPOSITE = {case.name: case for case in composite.composite_cases()}
+
+
+@pytest.mark.parametrize(
+    "implementation", ["samplers", slow("samplers parts, combined by hand", id="parts")]
+)
+@pytest.mark.parametrize(
+    "name", [n if n.startswith("Parameterized") else slow(n, id=n) for n in _COMPOSITE]
+)
+def test_composite_heads_compute_what_the_hand_written_code_computes(name, implementation):
+    case = _COMPOSITE[name]
+    impls = {impl.name: impl for impl in composite.implementations_of(case)}
+    assert list(impls) == ["handwritten", "samplers", "samplers parts, combined by hand"]
+    impl, key = impls[implementation], jax.random.key(1)
+    params, stored, old, advantage = composite.inputs(case, 16, jax.random.key(0))
+    hand_written = impls["handwritten"]
+    (want_value, _), want_grad = jax.jit(jax.value_and_grad(hand_written.loss, has_aux=True))(
+        params, stored, old, advantage, key
+    )
+
+    rollout = jax.jit(impl.rollout)
+    (action, log_likelihood, extras), rng = rollout(params, impl.random_input(key))
+    (_, _, again), _ = rollout(params, rng)
+    assert jax.tree.structure(extras) == jax.tree.structure(stored)
+    assert not jax.tree.all(jax.tree.map(jnp.array_equal, again, extras))  # the streams advance
+    # The action is the stored one (a Box part's the tanh of its pre-image), and the
+    # hand-written code scores the stored extras as the head does.
+    want_action = jax.tree.map(
+        lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.tanh(x), extras
+    )
+    assert jax.tree.all(jax.tree.map(jnp.allclose, action, want_action))
+    want_log_likelihood, _ = jax.jit(case.replay)(params, extras, key)
+    assert jnp.allclose(log_likelihood, want_log_likelihood, rtol=1e-5, atol=1e-5)
+
+    (value, _), grad = jax.jit(jax.value_and_grad(impl.loss, has_aux=True))(
+        params, stored, old, advantage, impl.random_input(key)
+    )
+    assert grad.shape == params.shape
+    if case.entropy == "base":  # no noise: the same numbers
+        assert jnp.allclose(value, want_value, rtol=1e-5, atol=1e-7)
+        assert jnp.allclose(grad, want_grad, rtol=1e-4, atol=1e-7)
+    else:  # other noise in the Box's one-sample entropy, which the logits do not see
+        logits = case.num_params - 2 * composite.ACTION_DIM
+        assert jnp.allclose(grad[:, :logits], want_grad[:, :logits], rtol=1e-4, atol=1e-7)
+        assert jnp.all(jnp.isfinite(grad)) and jnp.abs(value - want_value) < 0.05
+
+
+def test_composite_calls_alone_advance_the_streams_as_the_head_does():
+    case = _COMPOSITE["Dict(Discrete(3), Box(6)), base entropy"]
+    head = composite.implementations_of(case)[1]
+    params, _, _, _ = composite.inputs(case, 4, jax.random.key(0))
+    state = head.random_input(jax.random.key(1))
+    _, after_rollout = jax.jit(head.rollout)(params, state)
+    _, after_call = jax.jit(composite.calls_alone(case)[1])(params, state)
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, after_rollout, after_call))
+    assert not jax.tree.all(jax.tree.map(jnp.array_equal, state, after_rollout))
+
+
+@pytest.mark.slow
+def test_composite_suite_runs_and_writes_its_report(tmp_path):
+    text = composite.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+    assert (tmp_path / "toy.md").read_text() == text
+    for heading in ("## Rollout", "## Loss", "## The call alone (B = 8)", "## Entropy options"):
+        assert heading in text
+    for name in _COMPOSITE:
+        assert f"| {name} | 8 |" in text
+    assert "| samplers, exact |" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert saved["rounds"] == 1 and set(saved["load_average"]) == {"before", "after"}
+    assert saved["samplers"].startswith("samplers ") and saved["samplers"] in text
+    cells = {(t["workload"], t["case"], t["implementation"]) for t in saved["timings"]}
+    assert len(cells) == 2 * len(_COMPOSITE) * 3
+    assert len(saved["calls"]) == len(_COMPOSITE) * 4 and len(saved["entropies"]) == 6
+    for record in saved["timings"] + saved["calls"] + saved["entropies"]:
+        assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
+
+
+def test_composite_flag_runs_the_composite_suite(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(
+        composite, "run", lambda batches, out, **options: calls.append((batches, out, options))
+    )
+    suite.main(["--composite", "--device", "cpu", "--out", str(tmp_path)])
+    suite.main(["--composite", "--batches", "8,16", "--name", "other"])
+    (batches, out, options), (other, _, named) = calls
+    assert batches == (1, 4096, 65536) and out == tmp_path
+    assert options["name"] == "composite" and options["device"].platform == "cpu"
+    assert options["command"] == f"python -m benchmarks --composite --device cpu --out {tmp_path}"
+    assert other == (8, 16) and named["name"] == "other"
+    with pytest.raises(SystemExit):
+        suite.main(["--composite", "--bandwidth-tbs", "4.8"])
+    assert "the composite heads have no bandwidth floor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite.main(["--composite", "--discrete"])
+    assert "--composite and --discrete are two separate runs" in capsys.readouterr().err

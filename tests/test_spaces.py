@@ -385,3 +385,20 @@ def test_what_a_composite_space_cannot_take_is_refused_naming_the_part(
 ):
     with pytest.raises(error, match=message):
         _head(space, **options)
+
+
+def test_head_beta_builds_a_beta_head_on_the_boxs_bounds_and_refuses_an_unbounded_box():
+    box = gym.Box(low=np.array([-2.0, 0.0], np.float32), high=np.array([2.0, 1.0], np.float32))
+    head = samplers.head_for(box, rngs=nnx.Rngs(0), entropy_weight=0.01, head="beta")
+    assert isinstance(head, samplers.BetaSampler) and head.num_params == 4
+    action = np.asarray(head((), jnp.zeros((64, 4))).output["action"])
+    assert all(box.contains(a) for a in action)
+    both = gym.Dict({"fire": gym.Discrete(2), "aim": box})
+    composite = samplers.head_for(both, rngs=nnx.Rngs(0), entropy_weight=0.01, head="beta")
+    assert isinstance(composite.parts["aim"], samplers.BetaSampler)
+    with pytest.raises(ValueError, match="head='beta' needs a Box with finite bounds"):
+        samplers.head_for(
+            gym.Box(-np.inf, np.inf, (1,)), rngs=nnx.Rngs(0), entropy_weight=0.0, head="beta"
+        )
+    with pytest.raises(ValueError, match=r"head='squashed_normal'.*got head='gamma'"):
+        samplers.head_for(box, rngs=nnx.Rngs(0), entropy_weight=0.0, head="gamma")

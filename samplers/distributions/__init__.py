@@ -3,12 +3,14 @@
 Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
 :class:`SquashedNormal` distribution (:mod:`.squashed_normal`), the
 :class:`MaskedCategorical` (:mod:`.categorical`), :class:`MultiDiscrete` and
-:class:`MultiBinary` (:mod:`.discrete`), the squashed Normal's constructors
+:class:`MultiBinary` (:mod:`.discrete`), the Beta on a box :class:`SquashedBeta`
+and its pre-image's :class:`LogitBeta` (:mod:`.beta`), the squashed Normal's constructors
 from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 (:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
 never the other way round.
 """
 
+from samplers.distributions.beta import LogitBeta, SquashedBeta, squashed_beta
 from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
 from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.constructors import (
@@ -30,10 +32,12 @@ from samplers.distributions import kl  # noqa: F401  # isort: skip
 
 __all__ = [
     "BoundedTanh",
+    "LogitBeta",
     "MaskedCategorical",
     "MultiBinary",
     "MultiDiscrete",
     "Sigmoid",
+    "SquashedBeta",
     "SquashedNormal",
     "Squashing",
     "Tanh",
@@ -41,6 +45,7 @@ __all__ = [
     "normal_tanh",
     "ppo_log_ratio_stats",
     "saturation_fraction",
+    "squashed_beta",
     "squashed_normal",
     "squashed_normal_from_log_std",
     "squashed_normal_from_std",

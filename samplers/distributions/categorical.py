@@ -85,6 +85,12 @@ class MaskedCategorical(distrax.Categorical):
         """True where the action is allowed, ``[*batch, num_actions]``."""
         return self._mask
 
+    @property
+    def probs(self) -> Float[Array, "*batch actions"]:
+        """``exp(logits)`` of the normalised logits: exactly 0 for a masked action, NaN
+        in a row without an allowed action (distrax's would softmax them again)."""
+        return jnp.exp(self.logits)
+
     def _sample_n(self, key, n: int) -> Array:
         draws = jax.random.categorical(key, self.logits, shape=(n, *self.logits.shape[:-1]))
         return jnp.where(_has_distribution(self.logits), draws, 0).astype(self._dtype)

@@ -13,8 +13,9 @@ import math
 import pathlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+import distrax
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -260,7 +261,7 @@ def evaluate(
 
 def action_distributions(
     network: Callable[[jax.Array], jax.Array],
-    head: samplers.SquashedNormalSampler,
+    head: samplers.SquashedNormalSampler | samplers.BetaSampler,
     torque_scale: float = 1.0,
     *,
     num_samples: int = 20_000,
@@ -270,7 +271,8 @@ def action_distributions(
 
     The samples come from the head in training mode. The density is computed
     from the head's distribution object on a grid of pre-images ``x`` spanning
-    ``loc +- 6 scale``: the torque is ``torque_scale * f(x)`` and its density is
+    ``loc +- 6 scale`` (for the Beta head, the logit's mean +- 6 stds): the torque
+    is ``torque_scale * f(x)`` and its density is
     ``exp(log_prob_from_pre_image(x)) / torque_scale``, which stays finite where
     ``f`` saturates and ``log_prob`` of the action would need ``atanh(+-1)``.
 
@@ -283,7 +285,8 @@ def action_distributions(
 
     Returns:
         A list of dicts with ``state``, ``samples``, ``torque`` (grid), ``density``
-        and ``deterministic`` (the torque ``torque_scale * f(mean)``).
+        and ``deterministic`` (the torque of ``eval()``: ``torque_scale * f(mean)``,
+        or the Beta's mean).
     """
     result = []
     for theta, theta_dot in PROBE_STATES:
@@ -291,7 +294,17 @@ def action_distributions(
         mean_and_std = network(scaled(obs))
         sampled = head((), jnp.broadcast_to(mean_and_std, (num_samples, 2)))
         dist = head.distribution(jnp.broadcast_to(mean_and_std, (grid, 2)))
-        pre_image = dist.loc + dist.scale * jnp.linspace(-6.0, 6.0, grid)[:, None]
+        if isinstance(dist, samplers.SquashedBeta):
+            # The LogitBeta of each dimension, inside the Independent.
+            logit = cast(
+                samplers.LogitBeta, cast(distrax.Independent, dist.distribution).distribution
+            )
+            center, spread = logit.mean(), logit.stddev()
+            deterministic = dist.mean()
+        else:
+            center, spread = dist.loc, dist.scale
+            deterministic = dist.deterministic_action()
+        pre_image = center + spread * jnp.linspace(-6.0, 6.0, grid)[:, None]
         action = jnp.asarray(dist.bijector.forward(pre_image))[:, 0]
         density = jnp.exp(dist.log_prob_from_pre_image(pre_image)) / torque_scale
         result.append(
@@ -300,7 +313,7 @@ def action_distributions(
                 "samples": np.asarray(torque_scale * sampled.output["action"][:, 0]),
                 "torque": np.asarray(torque_scale * action),
                 "density": np.asarray(density),
-                "deterministic": float(torque_scale * dist.deterministic_action()[0, 0]),
+                "deterministic": float(torque_scale * deterministic[0, 0]),
             }
         )
     return result
@@ -377,7 +390,7 @@ def _torque_panels(axes, distributions: list[dict]) -> None:
         )
         ax.plot(dist["torque"], dist["density"], color="C1", label="exp(log_prob)")
         ax.axvline(
-            dist["deterministic"], color="C2", linestyle="--", label="deterministic: f(mean)"
+            dist["deterministic"], color="C2", linestyle="--", label="deterministic (eval())"
         )
         for bound in (-MAX_TORQUE, MAX_TORQUE):
             ax.axvline(bound, color="k", linewidth=1.5)

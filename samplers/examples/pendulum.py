@@ -22,6 +22,12 @@ distribution in a few states) and ``summary.json`` to ``--out``.
 - ``identity``: ``distrax.Lambda(lambda x: x)``, an unsquashed Normal; the action
   is clipped to ``[-2, 2]`` before the environment sees it, and the ratio is
   computed for the unclipped action.
+
+``--head beta`` replaces the squashed Normal by :class:`samplers.BetaSampler` on
+``[-2, 2]``: the action is the torque, a Beta sample that the rollout stores as its
+pre-image ``z`` (the Beta's logit), so that a torque that rounded onto a bound is
+replayed from ``z``, never scored as the rounded value. ``--bijector`` then does not
+apply.
 """
 
 import argparse
@@ -41,6 +47,7 @@ import samplers
 from samplers.examples import _common
 
 BIJECTORS = ("tanh-bounds", "tanh", "identity")
+HEADS = ("squashed-normal", "beta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,7 @@ class Config:
     num_envs: int = 64
     rollout_length: int = 128
     bijector: str = "tanh-bounds"
+    head: str = "squashed-normal"
     eval_episodes: int = 64
     epochs: int = 10
     minibatches: int = 8
@@ -72,6 +80,9 @@ class Config:
     hidden: int = 64
 
 
+Head = samplers.SquashedNormalSampler | samplers.BetaSampler
+
+
 class ActorCritic(nnx.Module):
     """Two tanh MLPs on the observation, and the sampler as the policy's last layer.
 
@@ -81,7 +92,7 @@ class ActorCritic(nnx.Module):
         rngs: Initialisation stream for the weights.
     """
 
-    def __init__(self, head: samplers.SquashedNormalSampler, hidden: int, rngs: nnx.Rngs):
+    def __init__(self, head: Head, hidden: int, rngs: nnx.Rngs):
         def mlp(out: int, last_scale: float) -> nnx.Sequential:
             init = nnx.initializers.orthogonal
             return nnx.Sequential(
@@ -107,27 +118,44 @@ class ActorCritic(nnx.Module):
         return self.critic(_common.scaled(obs))[..., 0]
 
 
-def make_head(bijector: str, entropy_weight: float, rngs: nnx.Rngs):
-    """The policy head for a ``--bijector`` choice and the factor from action to torque.
+def make_head(
+    bijector: str, entropy_weight: float, rngs: nnx.Rngs, head: str = "squashed-normal"
+) -> tuple[Head, float]:
+    """The policy head for a ``--head`` and ``--bijector`` choice, and the torque factor.
 
     Args:
-        bijector: One of ``BIJECTORS``.
+        bijector: One of ``BIJECTORS``, for the squashed Normal.
         entropy_weight: Weight of the head's entropy bonus.
         rngs: The sampling stream the head keeps.
+        head: One of ``HEADS``; ``"beta"`` takes no bijector (it must be the default).
 
     Returns:
         ``(head, torque_scale)``: the environment gets
         ``clip(torque_scale * action, -2, 2)``.
 
     Raises:
-        ValueError: ``bijector`` is not one of ``BIJECTORS``.
+        ValueError: ``head`` or ``bijector`` is not one of the choices, or a
+            bijector other than the default is asked of the Beta head.
 
     Example:
         >>> from flax import nnx
         >>> head, torque_scale = make_head("tanh", 0.0, nnx.Rngs(0))
         >>> type(head).__name__, torque_scale
         ('NormalTanhSampler', 2.0)
+        >>> type(make_head("tanh-bounds", 0.0, nnx.Rngs(0), head="beta")[0]).__name__
+        'BetaSampler'
     """
+    if head == "beta":
+        if bijector != Config.bijector:
+            raise ValueError(
+                f"the Beta head maps onto [-2, 2] itself and takes no bijector, got "
+                f"bijector={bijector!r}; leave --bijector at its default."
+            )
+        torque = _common.MAX_TORQUE
+        beta = samplers.BetaSampler(rngs, entropy_weight, action_dim=1, low=-torque, high=torque)
+        return beta, 1.0
+    if head != "squashed-normal":
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}; pick one of those.")
     if bijector == "tanh-bounds":
         bounds = samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE)
         return samplers.SquashedNormalSampler(rngs, entropy_weight, bijector=bounds), 1.0
@@ -137,6 +165,16 @@ def make_head(bijector: str, entropy_weight: float, rngs: nnx.Rngs):
         identity = distrax.Lambda(lambda x: x)
         return samplers.SquashedNormalSampler(rngs, entropy_weight, bijector=identity), 1.0
     raise ValueError(f"bijector must be one of {BIJECTORS}, got {bijector!r}; pick one of those.")
+
+
+def _spread(out, torque_scale: float) -> jax.Array:
+    """The std of the policy's Normal (before squashing), or of the Beta head's torque."""
+    if "sigma" in out.metrics:
+        return out.metrics["sigma"][..., 0]
+    alpha, beta = out.metrics["alpha"][..., 0], out.metrics["beta"][..., 0]
+    total = alpha + beta
+    unit_std = jnp.sqrt(alpha * beta / (jnp.square(total) * (total + 1.0)))
+    return 2 * _common.MAX_TORQUE * torque_scale * unit_std
 
 
 def _to_torque(action: jax.Array, torque_scale: float) -> jax.Array:
@@ -179,7 +217,7 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
                 "terminated": terminated,
                 "final_obs": info["final_observation"],
                 "finished_return": jnp.where(done, episode_return, 0.0),
-                "sigma": out.metrics["sigma"][..., 0],
+                "sigma": _spread(out, torque_scale),
             }
             episode_return = jnp.where(done, 0.0, episode_return)
             carry = (nnx.state(model), env_state, next_obs, key, episode_return)
@@ -308,7 +346,9 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float,
     _check(config)
     key = jax.random.key(config.seed)
     head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
-    head, torque_scale = make_head(config.bijector, config.entropy_weight, nnx.Rngs(head_key))
+    head, torque_scale = make_head(
+        config.bijector, config.entropy_weight, nnx.Rngs(head_key), config.head
+    )
     model = ActorCritic(head, config.hidden, nnx.Rngs(param_key))
 
     steps_per_iteration = config.num_envs * config.rollout_length
@@ -383,6 +423,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Name
                 help="tanh-bounds: BoundedTanh(-2, 2); tanh: tanh, torque = 2 * action; "
                 "identity: no squashing, torque = clip(action, -2, 2)",
             ),
+            "--head": dict(
+                choices=HEADS,
+                default=defaults.head,
+                help="squashed-normal: a Normal through --bijector; beta: samplers.BetaSampler "
+                "on [-2, 2] (the progress bar's std is then the torque's)",
+            ),
         },
         out="pendulum-results",
         figure="pendulum.png",
@@ -408,19 +454,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = {
         "config": dataclasses.asdict(config),
         "bijector": config.bijector,
+        "head": config.head,
         **_common.evaluate(model, torque, num_episodes=config.eval_episodes, seed=config.seed),
         **log,
         "steps_to_minus_200": _common.first_step_at(log, -200.0),
     }
     figure = args.out / "pendulum.png"
     distributions = _common.action_distributions(model.actor, model.head, torque_scale)
-    _common.plot(figure, summary, distributions, title=f"(a) PPO on Pendulum-v1, {config.bijector}")
+    name = "beta" if config.head == "beta" else config.bijector
+    _common.plot(figure, summary, distributions, title=f"(a) PPO on Pendulum-v1, {name}")
     reached = summary["steps_to_minus_200"]
     _common.finish(
         summary,
         figure,
         start,
-        header=f"Pendulum-v1, {config.bijector}, {log['steps']:,} steps, seed {config.seed}",
+        header=f"Pendulum-v1, {name}, {log['steps']:,} steps, seed {config.seed}",
         details=[
             "training episodes first averaged >= -200 after "
             f"{'-' if reached is None else f'{reached:,}'} steps",

@@ -14,6 +14,7 @@ from flax import nnx
 
 from samplers.distributions.bijectors import BoundedTanh, Tanh
 from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.beta import BetaSampler
 from samplers.heads.composite import CompositeSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
 from samplers.heads.squashed_normal import SquashedNormalSampler
@@ -50,6 +51,10 @@ def head_for(
                               action is a dict with the space's keys, or a tuple;
                               ``num_params`` is the sum of the parts'
     ========================  ==================================================
+
+    ``head="beta"`` asks for a :class:`BetaSampler` on a bounded ``Box``'s bounds
+    instead of the squashed Normal (``num_params`` is ``2 * dim`` too); inside a
+    ``Dict`` or ``Tuple`` it applies to every ``Box`` part.
 
     A ``Box`` must be one-dimensional and floating, with every dimension bounded
     on both sides or on neither: tanh cannot map onto a half-line, so a box
@@ -110,6 +115,14 @@ def head_for(
         )
     if kind == "Box":
         dim, bijector = _box_squashing(space)
+        head = options.pop("head", "squashed_normal")
+        if head == "beta":
+            return _beta(space, dim, bijector, rngs, entropy_weight, options)
+        if head != "squashed_normal":
+            raise ValueError(
+                f"head_for builds a Box's head as head='squashed_normal' (the default) or "
+                f"head='beta', got head={head!r}; pick one of those."
+            )
         if bijector is None:
             options.setdefault("entropy", "base")
             bijector = distrax.Lambda(lambda x: x)
@@ -175,6 +188,19 @@ def _box_squashing(space) -> tuple[int, distrax.Bijector | None]:
         return dim, Tanh()
     dtype = np.dtype(space.dtype)
     return dim, BoundedTanh(low.astype(dtype), high.astype(dtype))
+
+
+def _beta(space, dim: int, bijector, rngs, entropy_weight, options: dict) -> BetaSampler:
+    """The :class:`BetaSampler` onto a bounded ``Box``."""
+    if bijector is None:
+        raise ValueError(
+            f"head='beta' needs a Box with finite bounds, got low={space.low!r}, "
+            f"high={space.high!r}; bound the box, or use the default squashed Normal."
+        )
+    dtype = np.dtype(space.dtype)
+    low = np.broadcast_to(np.asarray(space.low, dtype), (dim,))
+    high = np.broadcast_to(np.asarray(space.high, dtype), (dim,))
+    return BetaSampler(rngs, entropy_weight, action_dim=dim, low=low, high=high, **options)
 
 
 def _refuse_start(space, kind: str) -> None:
@@ -260,7 +286,8 @@ def _leaf(space, path: tuple[str, ...], rngs, entropy_weight, options: dict) -> 
     try:
         if type(space).__name__ == "Box":
             options = dict(options)
-            if _box_squashing(space)[1] is not None:
+            # The Beta head's entropy is always its exact one.
+            if _box_squashing(space)[1] is not None and options.get("head") != "beta":
                 options.setdefault("entropy", "exact")
         else:
             options = {name: options[name] for name in _EVERY_HEAD & set(options)}

@@ -298,7 +298,7 @@ class SquashedNormalSampler(ActionSampler):
                     f"sampler replays the stored pre-image array alone; pass "
                     f"log_ratio_metrics=True to the sampler that emitted it."
                 )
-            return _replayed(rollout_extras, action_shape, dtype), None
+            return _checks.replayed_pre_image(rollout_extras, action_shape, dtype), None
         if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
             "pre_image",
             "log_likelihood",
@@ -310,13 +310,13 @@ class SquashedNormalSampler(ActionSampler):
             )
         old = rollout_extras["log_likelihood"]
         old = _checks.float_array("rollout_extras['log_likelihood']", old)
-        _check_precision("rollout_extras['log_likelihood']", old, dtype)
+        _checks.stored_precision("rollout_extras['log_likelihood']", old, dtype)
         if old.shape != action_shape[:-1]:
             raise ValueError(
                 f"rollout_extras['log_likelihood'] must have the batch shape "
                 f"{action_shape[:-1]}, got {old.shape}."
             )
-        return _replayed(rollout_extras["pre_image"], action_shape, dtype), old
+        return _checks.replayed_pre_image(rollout_extras["pre_image"], action_shape, dtype), old
 
     def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
         name, points = self.entropy
@@ -462,34 +462,6 @@ def _check_finite(mean_and_std) -> None:
         f"exploding gradient or a division by zero).",
         index=index,
     )
-
-
-def _replayed(
-    rollout_extras, action_shape: tuple[int, ...], dtype
-) -> Float[Array, "*batch action"]:
-    """Checks a replayed pre-image against the action shape and dtype of this call."""
-    pre_image = _checks.float_array(
-        "rollout_extras", rollout_extras, hint=" (the stored pre-tanh action)"
-    )
-    _check_precision("rollout_extras", pre_image, dtype)
-    if pre_image.shape != action_shape:
-        raise ValueError(
-            f"rollout_extras must have the action shape {action_shape} (the stored raw "
-            f"action of this batch), got {pre_image.shape}; pass the rollout_extras that "
-            f"the rollout call returned for these inputs."
-        )
-    return pre_image
-
-
-def _check_precision(name: str, stored: Array, dtype) -> None:
-    """Refuses a stored value rounded to fewer bits than the distribution computes in."""
-    if jnp.finfo(stored.dtype).bits < jnp.finfo(dtype).bits:
-        raise TypeError(
-            f"{name} must be stored in {dtype} (or wider), the dtype this sampler "
-            f"computes in, got {stored.dtype}: the rounded value is not the one the rollout "
-            f"emitted, so its log-likelihood and the PPO ratio change; store rollout_extras "
-            f"in {dtype}, as the rollout call emitted them."
-        )
 
 
 @jax.jit

@@ -1,0 +1,517 @@
+"""PPO on a hybrid-action task with the composite head that ``samplers.head_for`` builds.
+
+Run ``python -m samplers.examples.hybrid`` (``--help`` lists the flags). The task,
+``Reach``, is a small JAX environment defined here: a point on ``[-1, 1]`` must
+reach a target. Each step the agent picks a direction and a distance, the gymnasium
+action space ``Dict(direction=Discrete(3), distance=Box(0, 1, (1,)))``: the point
+moves by ``(direction - 1) * 0.5 * distance`` (left, stay, right; at most half a
+unit a step), clipped to the line, and the reward is minus the distance to the
+target after the move. An episode is 16 steps from a uniformly random point and
+target. Both parts matter: the direction decides where to go, the distance how far,
+and an overshoot costs as much as a shortfall.
+
+``samplers.head_for(space, ...)`` builds the head, a :class:`samplers.CompositeSampler`
+over a :class:`samplers.CategoricalSampler` and a squashed Normal onto ``[0, 1]``,
+and ``head.num_params`` sizes the actor's last layer. The rollout keeps the head's
+summed ``log_likelihood`` and its ``rollout_extras`` (a dict, one entry a part),
+and the PPO loss replays that dict under the current weights; the entropy bonus is
+the head's ``regularization_loss``, the sum of the parts'. One jitted function does
+a whole iteration.
+
+At the end it evaluates the deterministic policy (``model.eval()``: the most
+probable direction, and the distance ``f(mean)``), a uniformly random policy and a
+hand-written one that moves straight to the target, on the same episodes, prints a
+summary, and writes ``hybrid.png`` (learning curve and the learned policy) and
+``summary.json`` to ``--out``.
+"""
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import NamedTuple, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from gymnasium import spaces
+
+import samplers
+from samplers.examples import _common
+
+ACTION_SPACE = spaces.Dict(
+    {
+        "direction": spaces.Discrete(3),
+        "distance": spaces.Box(low=0.0, high=1.0, shape=(1,), dtype=np.float32),
+    }
+)
+MAX_MOVE = 0.5
+EPISODE_LENGTH = 16
+DIRECTIONS = ("left", "stay", "right")
+
+
+class Reach(NamedTuple):
+    """The state of one ``Reach`` environment."""
+
+    position: jax.Array
+    target: jax.Array
+    time: jax.Array
+
+
+def reset(key: jax.Array) -> tuple[jax.Array, Reach]:
+    """``(obs, state)`` of a fresh environment: a uniform point and target on ``[-1, 1]``."""
+    position, target = jax.random.uniform(key, (2,), minval=-1.0, maxval=1.0)
+    state = Reach(position, target, jnp.zeros((), jnp.int32))
+    return observe(state), state
+
+
+def observe(state: Reach) -> jax.Array:
+    """``[position, target, target - position, time left]``, each within ``[-2, 2]``."""
+    left = 1.0 - state.time / EPISODE_LENGTH
+    return jnp.stack([state.position, state.target, state.target - state.position, left])
+
+
+def step(state: Reach, action: dict) -> tuple[jax.Array, Reach, jax.Array, jax.Array]:
+    """``(obs, state, reward, done)`` after one action ``{"direction", "distance"}``.
+
+    ``done`` is True after ``EPISODE_LENGTH`` steps; ``obs`` and ``state`` are then
+    those of the finished episode (the caller resets).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> state = Reach(jnp.float32(0.0), jnp.float32(0.3), jnp.int32(0))
+        >>> _, state, reward, done = step(state, {"direction": 2, "distance": jnp.array([0.6])})
+        >>> float(state.position), round(float(reward), 6), bool(done)
+        (0.3, -0.0, False)
+    """
+    move = (jnp.asarray(action["direction"]) - 1) * MAX_MOVE * action["distance"][..., 0]
+    position = jnp.clip(state.position + move, -1.0, 1.0)
+    state = Reach(position, state.target, state.time + 1)
+    reward = -jnp.abs(state.target - position)
+    return observe(state), state, reward, state.time >= EPISODE_LENGTH
+
+
+def straight_to_target(obs: jax.Array) -> dict:
+    """The hand-written policy: towards the target, exactly as far as it is (capped)."""
+    offset = obs[..., 2]
+    direction = jnp.where(offset > 0, 2, jnp.where(offset < 0, 0, 1))
+    distance = jnp.clip(jnp.abs(offset) / MAX_MOVE, 0.0, 1.0)
+    return {"direction": direction, "distance": distance[..., None]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Hyperparameters; the command-line flags override the first few.
+
+    The budget is ``total_steps`` environment steps, done in iterations of
+    ``num_envs * rollout_length`` steps, each followed by ``epochs`` passes of
+    ``minibatches`` updates over that batch.
+    """
+
+    total_steps: int = 200_000
+    seed: int = 0
+    num_envs: int = 16
+    rollout_length: int = 64
+    entropy_weight: float = 0.003
+    eval_episodes: int = 256
+    epochs: int = 4
+    minibatches: int = 4
+    gamma: float = 0.95
+    gae_lambda: float = 0.95
+    learning_rate: float = 1e-3
+    clip_epsilon: float = 0.2
+    value_weight: float = 0.5
+    max_grad_norm: float = 0.5
+    hidden: int = 64
+
+
+class ActorCritic(nnx.Module):
+    """Two tanh MLPs on the observation, and the composite head as the policy's last layer.
+
+    Args:
+        head: The policy head; it owns the sampling streams.
+        hidden: Width of the hidden layers.
+        rngs: Initialisation stream for the weights.
+    """
+
+    def __init__(self, head: samplers.CompositeSampler, hidden: int, rngs: nnx.Rngs):
+        def mlp(out: int, last_scale: float) -> nnx.Sequential:
+            init = nnx.initializers.orthogonal
+            return nnx.Sequential(
+                nnx.Linear(4, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
+                nnx.tanh,
+                nnx.Linear(hidden, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
+                nnx.tanh,
+                nnx.Linear(hidden, out, kernel_init=init(last_scale), rngs=rngs),
+            )
+
+        # A small last layer starts every part near its initial distribution.
+        self.actor = mlp(head.num_params, 0.01)
+        self.critic = mlp(1, 1.0)
+        self.head = head
+
+    def policy(self, obs: jax.Array, stored: dict | None = None):
+        """The head's output for ``obs``: a fresh action, or a replay of ``stored``."""
+        return self.head((), self.actor(obs), stored)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        """State values, shape ``obs.shape[:-1]``."""
+        return self.critic(obs)[..., 0]
+
+
+def make_train_step(config: Config, graphdef):
+    """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
+
+    ``state`` is ``nnx.split((model, optimizer))[1]``; ``runner`` carries the
+    environments, their observations, a key and the running episode returns.
+    """
+    batch_size = config.num_envs * config.rollout_length
+    minibatch_size = batch_size // config.minibatches
+    step_envs = jax.vmap(step)
+    reset_envs = jax.vmap(reset)
+
+    def rollout(model, runner):
+        model_def, model_state = nnx.split(model)
+
+        def env_step(carry, _):
+            model_state, env_state, obs, key, episode_return = carry
+            model = nnx.merge(model_def, model_state)
+            out = model.policy(obs)
+            next_obs, env_state, reward, done = step_envs(env_state, out.output["action"])
+            key, reset_key = jax.random.split(key)
+            fresh_obs, fresh_state = reset_envs(jax.random.split(reset_key, config.num_envs))
+            episode_return = episode_return + reward
+            transition = {
+                "obs": obs,
+                "stored": out.rollout_extras,
+                "log_prob": out.output["log_likelihood"],
+                "reward": reward,
+                "done": done,
+                "final_obs": next_obs,
+                "finished_return": jnp.where(done, episode_return, 0.0),
+            }
+            env_state = jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh_state, env_state)
+            next_obs = jnp.where(done[:, None], fresh_obs, next_obs)
+            episode_return = jnp.where(done, 0.0, episode_return)
+            carry = (nnx.state(model), env_state, next_obs, key, episode_return)
+            return carry, transition
+
+        carry = (model_state, *runner)
+        (model_state, *runner), trajectory = jax.lax.scan(
+            env_step, carry, length=config.rollout_length
+        )
+        return nnx.merge(model_def, model_state), tuple(runner), trajectory
+
+    def loss_fn(model, batch):
+        # Replay: the head scores each part of the stored action under the current weights.
+        out = model.policy(batch["obs"], batch["stored"])
+        log_ratio = out.output["log_likelihood"] - batch["log_prob"]
+        ratio = jnp.exp(log_ratio)
+        advantage = batch["advantage"]
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        clipped = jnp.clip(ratio, 1.0 - config.clip_epsilon, 1.0 + config.clip_epsilon)
+        policy_loss = -jnp.minimum(ratio * advantage, clipped * advantage).mean()
+        value_loss = 0.5 * jnp.square(model.value(batch["obs"]) - batch["target"]).mean()
+        entropy_loss = out.regularization_loss.mean()
+        loss = policy_loss + config.value_weight * value_loss + entropy_loss
+        metrics = {
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy_loss": entropy_loss,
+            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            "clip_fraction": (jnp.abs(ratio - 1.0) > config.clip_epsilon).mean(),
+        }
+        return loss, metrics
+
+    def update_minibatch(state, minibatch):
+        model, optimizer = nnx.merge(graphdef, state)
+        grads, metrics = nnx.grad(loss_fn, has_aux=True)(model, minibatch)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), metrics
+
+    def update_epoch(carry, _):
+        state, batch, key = carry
+        key, shuffle_key = jax.random.split(key)
+        order = jax.random.permutation(shuffle_key, batch_size)
+        minibatches = jax.tree.map(
+            lambda x: x[order].reshape(config.minibatches, minibatch_size, *x.shape[1:]), batch
+        )
+        state, metrics = jax.lax.scan(update_minibatch, state, minibatches)
+        return (state, batch, key), jax.tree.map(jnp.mean, metrics)
+
+    @jax.jit
+    def train_step(state, runner):
+        model, optimizer = nnx.merge(graphdef, state)
+        key = runner[2]
+        key, epoch_key = jax.random.split(key)
+        runner = (runner[0], runner[1], key, runner[3])
+        model, runner, trajectory = rollout(model, runner)
+        value = model.value(trajectory["obs"])
+        next_value = model.value(trajectory["final_obs"])
+        # The time left is part of the observation, so the episode's end is terminal.
+        advantage = _common.gae(
+            trajectory["reward"],
+            value,
+            next_value,
+            trajectory["done"],
+            trajectory["done"],
+            config.gamma,
+            config.gae_lambda,
+        )
+        batch = {
+            "obs": trajectory["obs"],
+            "stored": trajectory["stored"],
+            "log_prob": trajectory["log_prob"],
+            "advantage": advantage,
+            "target": advantage + value,
+        }
+        batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
+        # Before any update the weights are the rollout's: the replay's ratio is 1
+        # up to the rounding of the network at another batch shape.
+        replay = model.policy(batch["obs"], batch["stored"])
+        ratio_error = jnp.abs(
+            jnp.exp(replay.output["log_likelihood"] - batch["log_prob"]) - 1.0
+        ).max()
+        (state, _, _), metrics = jax.lax.scan(
+            update_epoch, (nnx.state((model, optimizer)), batch, epoch_key), length=config.epochs
+        )
+        metrics = jax.tree.map(lambda x: x[-1], metrics)
+        metrics |= {
+            "replay_ratio_error": ratio_error,
+            "episodes": trajectory["done"].sum(),
+            "return_sum": trajectory["finished_return"].sum(),
+        }
+        return state, runner, metrics
+
+    return train_step
+
+
+def _check(config: Config) -> None:
+    for name in ("total_steps", "num_envs", "rollout_length", "eval_episodes", "minibatches"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}.")
+    batch_size = config.num_envs * config.rollout_length
+    if batch_size % config.minibatches:
+        raise ValueError(
+            f"num_envs * rollout_length must be divisible by minibatches={config.minibatches}, "
+            f"got {config.num_envs} * {config.rollout_length} = {batch_size}; "
+            f"pick a multiple of {config.minibatches} for num_envs."
+        )
+
+
+def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
+    """Trains the actor-critic for ``config.total_steps`` environment steps.
+
+    Args:
+        config: Hyperparameters.
+        progress: Show a live progress bar.
+
+    Returns:
+        ``(model, log)``: the learning curve (``curve_steps``, ``curve_returns``),
+        ``replay_ratio_error`` (the largest ``|ratio - 1|`` of the replay before
+        each iteration's first update), the timings and the last iteration's losses.
+    """
+    _check(config)
+    key = jax.random.key(config.seed)
+    head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
+    # A Dict space gets a CompositeSampler.
+    head = cast(
+        samplers.CompositeSampler,
+        samplers.head_for(
+            ACTION_SPACE, rngs=nnx.Rngs(head_key), entropy_weight=config.entropy_weight
+        ),
+    )
+    model = ActorCritic(head, config.hidden, nnx.Rngs(param_key))
+
+    steps_per_iteration = config.num_envs * config.rollout_length
+    iterations = max(1, config.total_steps // steps_per_iteration)
+    schedule = optax.linear_schedule(
+        config.learning_rate, 0.0, iterations * config.epochs * config.minibatches
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm), optax.adam(schedule, eps=1e-5)
+    )
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+
+    obs, env_state = jax.vmap(reset)(jax.random.split(env_key, config.num_envs))
+    runner = (env_state, obs, runner_key, jnp.zeros(config.num_envs))
+    run = _common.run(
+        make_train_step(config, graphdef),
+        state,
+        runner,
+        calls=iterations,
+        steps_per_call=steps_per_iteration,
+        label="PPO",
+        column=("clip", lambda metrics: f"{metrics['clip_fraction']:.3f}"),
+        progress=progress,
+    )
+    model, _ = nnx.merge(graphdef, run.state)
+    log = {
+        "steps": iterations * steps_per_iteration,
+        "iterations": iterations,
+        "curve_steps": run.curve_steps,
+        "curve_returns": run.curve_returns,
+        # A NaN error must not hide behind the maximum (max(0.0, nan) is 0.0).
+        "replay_ratio_error": math.nan
+        if any(math.isnan(m["replay_ratio_error"]) for m in run.history)
+        else max(0.0, *(m["replay_ratio_error"] for m in run.history)),
+        "compile_s": run.compile_s,
+        "train_s": run.train_s,
+        "steps_per_second": iterations * steps_per_iteration / run.train_s,
+        "last_iteration": run.history[-1],
+    }
+    return model, log
+
+
+def evaluate(model: ActorCritic, *, num_episodes: int, seed: int) -> dict:
+    """Mean and std of the episode return of three policies on the same episodes.
+
+    The deterministic policy (``model.eval()``), a uniformly random one (direction
+    uniform, distance uniform on ``[0, 1]``) and :func:`straight_to_target` play
+    ``num_episodes`` episodes from the same initial states.
+    """
+    keys = jax.random.split(jax.random.key(seed + 1), num_episodes)
+    model.eval()
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def play(model_state, policy_index: jax.Array, key: jax.Array) -> jax.Array:
+        obs, env_state = jax.vmap(reset)(keys)
+
+        def one_step(carry, step_key):
+            model_state, obs, env_state = carry
+            model = nnx.merge(graphdef, model_state)
+            direction_key, distance_key = jax.random.split(step_key)
+            random = {
+                "direction": jax.random.randint(direction_key, (num_episodes,), 0, 3),
+                "distance": jax.random.uniform(distance_key, (num_episodes, 1)),
+            }
+            actions = (model.policy(obs).output["action"], random, straight_to_target(obs))
+            action = jax.tree.map(lambda *choices: jnp.stack(choices)[policy_index], *actions)
+            obs, env_state, reward, _ = jax.vmap(step)(env_state, action)
+            return (nnx.state(model), obs, env_state), reward
+
+        carry = (model_state, obs, env_state)
+        _, rewards = jax.lax.scan(one_step, carry, jax.random.split(key, EPISODE_LENGTH))
+        return rewards.sum(axis=0)
+
+    key = jax.random.key(seed + 2)
+    returns = [np.asarray(play(state, jnp.int32(i), key)) for i in range(3)]
+    model.train()
+    summary = {}
+    for name, values in zip(("deterministic", "random", "straight"), returns, strict=True):
+        summary[f"{name}_return"] = float(values.mean())
+        summary[f"{name}_return_std"] = float(values.std())
+    return summary
+
+
+def learned_policy(model: ActorCritic, *, num_samples: int = 4_000) -> dict:
+    """The trained policy at the centre of the line, as a function of the target.
+
+    For targets on a grid and the point at 0 (half the episode left): the head's
+    probability of each direction and the mean distance of its samples, beside the
+    deterministic distance and :func:`straight_to_target`'s.
+    """
+    targets = jnp.linspace(-1.0, 1.0, 41)
+    obs = jax.vmap(lambda t: observe(Reach(jnp.float32(0.0), t, jnp.int32(EPISODE_LENGTH // 2))))(
+        targets
+    )
+    out = model.policy(jnp.repeat(obs, num_samples, axis=0))
+    action = jax.tree.map(lambda x: x.reshape(len(targets), num_samples, *x.shape[1:]), out.output)
+    direction = action["action"]["direction"]
+    model.eval()
+    deterministic = model.policy(obs).output["action"]
+    model.train()
+    return {
+        "target": np.asarray(targets),
+        "direction_frequency": np.stack(
+            [np.asarray((direction == d).mean(axis=1)) for d in range(3)], axis=1
+        ),
+        "mean_distance": np.asarray(action["action"]["distance"][..., 0].mean(axis=1)),
+        "deterministic_distance": np.asarray(deterministic["distance"][:, 0]),
+        "straight_distance": np.asarray(straight_to_target(obs)["distance"][:, 0]),
+    }
+
+
+def plot(path, summary: dict, policy: dict) -> None:
+    """Writes the learning curve and the learned policy at the centre of the line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curve, directions) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    curve.plot(summary["curve_steps"], summary["curve_returns"], label="training episodes")
+    for name, style in (("deterministic", "-"), ("straight", "--"), ("random", ":")):
+        curve.axhline(summary[f"{name}_return"], color="k", linestyle=style, label=name)
+    curve.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")
+    curve.set_xlabel("environment steps")
+    curve.set_ylabel("return per episode")
+    curve.set_title("(a) PPO on Reach, Dict(Discrete(3), Box(0, 1))")
+    curve.legend(loc="lower right", fontsize="small")
+
+    for index, name in enumerate(DIRECTIONS):
+        directions.plot(policy["target"], policy["direction_frequency"][:, index], label=name)
+    directions.plot(policy["target"], policy["mean_distance"], "k-", label="mean distance")
+    directions.plot(
+        policy["target"], policy["deterministic_distance"], "k.", label="eval() distance"
+    )
+    directions.plot(
+        policy["target"], policy["straight_distance"], "k--", label="straight to target"
+    )
+    directions.set_xlabel("target (the point at 0, half the episode left)")
+    directions.set_ylabel("direction frequency / distance")
+    directions.set_title("(b) the learned policy")
+    directions.legend(loc="center right", fontsize="small")
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """The config a command line asks for, and its other arguments."""
+    return _common.command_line(
+        argv,
+        Config(),
+        prog="python -m samplers.examples.hybrid",
+        description="Train PPO on Reach, a hybrid-action task (a direction and a distance), "
+        "with the composite head samplers.head_for builds for its Dict action space.",
+        flags={},
+        out="hybrid-results",
+        figure="hybrid.png",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Trains, evaluates, prints a summary and writes the figure and ``summary.json``."""
+    config, args = parse_args(argv)
+    start = time.perf_counter()
+    model, log = train(config, progress=not args.no_progress)
+    summary = {
+        "config": dataclasses.asdict(config),
+        **evaluate(model, num_episodes=config.eval_episodes, seed=config.seed),
+        **log,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    figure = args.out / "hybrid.png"
+    plot(figure, summary, learned_policy(model))
+    _common.finish(
+        summary,
+        figure,
+        start,
+        header=f"Reach (hybrid actions), {log['steps']:,} steps, seed {config.seed}",
+        details=[
+            f"straight to target:   {summary['straight_return']:8.2f} "
+            f"+- {summary['straight_return_std']:.2f} per episode",
+            "replay ratio before the first update: max |ratio - 1| = "
+            f"{log['replay_ratio_error']:.1e}",
+        ],
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
