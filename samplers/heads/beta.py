@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers.distributions.beta import SquashedBeta, squashed_beta
@@ -98,8 +98,8 @@ class BetaSampler(ActionSampler):
         entropy_weight: float | None = None,
         *,
         action_dim: int | None = None,
-        low: float | Float[Array, " action"] = 0.0,
-        high: float | Float[Array, " action"] = 1.0,
+        low: Float[ArrayLike, "*action"] = 0.0,
+        high: Float[ArrayLike, "*action"] = 1.0,
         min_concentration: float = 1.0,
         reparameterized: bool = False,
         per_env_streams: bool = False,
