@@ -137,7 +137,7 @@ class MaskedCategorical(distrax.Categorical):
             >>> import jax.numpy as jnp, samplers
             >>> mask = jnp.array([True, False, True, True])
             >>> samplers.MaskedCategorical(jnp.zeros(4), mask).cdf(jnp.array([0, 1, 2.5, 3]))
-            Array([0.33333334, 0.33333334, 0.6666667 , 1.        ], dtype=float32)
+            Array([0.3333333, 0.3333333, 0.6666666, 1.       ], dtype=float32)
         """
         value = jnp.asarray(value)
         if jnp.issubdtype(value.dtype, jnp.floating):
