@@ -17,6 +17,7 @@ from flax import nnx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
+from samplers.distributions.bijectors import Squashing
 from samplers.heads.module import StatefulModule, StatefulModuleOutput
 
 
@@ -64,7 +65,7 @@ class ActionSampler(StatefulModule, abc.ABC):
                 f"{type(self).__name__}() got unexpected keyword arguments {sorted(deprecated)}; "
                 f"see help(samplers.{type(self).__name__}) for its options."
             )
-        self.rng = _stream(rngs, rng_collection)
+        self.rng = stream(rngs, rng_collection)
         self.rng_collection = rng_collection
         self.per_env_streams = bool(per_env_streams)
         self.deterministic = False
@@ -123,9 +124,7 @@ class ActionSampler(StatefulModule, abc.ABC):
         return self.deterministic if deterministic is None else bool(deterministic)
 
     def _draw(self) -> PRNGKeyArray:
-        if isinstance(self.rng, nnx.RngStream):
-            return self.rng()
-        return self.rng[self.rng_collection]()
+        return draw(self.rng, self.rng_collection)
 
 
 def _split_env_keys(keys, batch_shape: tuple[int, ...]):
@@ -145,8 +144,8 @@ def _split_env_keys(keys, batch_shape: tuple[int, ...]):
     return tuple(split[:, i].reshape(batch_shape) for i in range(3))
 
 
-def _stream(value, collection) -> nnx.Rngs | nnx.RngStream:
-    """The ``nnx.Rngs`` or ``nnx.RngStream`` a head draws from.
+def stream(value, collection) -> nnx.Rngs | nnx.RngStream:
+    """The ``nnx.Rngs`` or ``nnx.RngStream`` a head draws from (see :func:`draw`).
 
     Raises:
         TypeError: none is given, the value is neither, or ``collection`` is not
@@ -174,3 +173,20 @@ def _stream(value, collection) -> nnx.Rngs | nnx.RngStream:
             f"rng_collection='<one of those>'."
         ) from None
     return value
+
+
+def draw(rngs: nnx.Rngs | nnx.RngStream, collection: str) -> PRNGKeyArray:
+    """One key from what :func:`stream` returned: the stream itself, or the
+    ``nnx.Rngs``' ``collection`` stream (``default`` where it has none)."""
+    if isinstance(rngs, nnx.RngStream):
+        return rngs()
+    return rngs[collection]()
+
+
+@jax.jit
+def bound_metrics(bounds: Squashing, action: Float[Array, "*batch action"]):
+    """The fraction of each action's dimensions on a bound, and its smallest distance."""
+    distances = bounds.distances(action)
+    # A NaN action is neither on a bound nor off it: its saturation is NaN.
+    on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
+    return jnp.mean(on_bound, axis=-1, dtype=action.dtype), jnp.min(distances, axis=-1)

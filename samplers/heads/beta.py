@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from samplers import _checks
 from samplers.distributions.beta import SquashedBeta, squashed_beta
 from samplers.distributions.bijectors import BoundedTanh, Squashing, squashing
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, bound_metrics
 from samplers.heads.module import StatefulModuleOutput
 from samplers.heads.static import Static
 
@@ -204,7 +204,7 @@ class BetaSampler(ActionSampler):
             pre_image = jax.lax.stop_gradient(pre_image)
         action, log_likelihood = dist.forward_and_log_prob(pre_image)
         bounds = cast(Squashing, squashing(dist.bijector))  # a SquashedBeta declares them
-        saturation, bound_distance = _bound_metrics(bounds, jax.lax.stop_gradient(action))
+        saturation, bound_distance = bound_metrics(bounds, jax.lax.stop_gradient(action))
         metrics = {
             "alpha": a,
             "beta": b,
@@ -218,11 +218,3 @@ class BetaSampler(ActionSampler):
             metrics=metrics,
             rollout_extras=jax.lax.stop_gradient(pre_image),
         )
-
-
-@jax.jit
-def _bound_metrics(bounds: Squashing, action):
-    """The fraction of each action's dimensions on a bound, and its smallest distance."""
-    distances = bounds.distances(action)
-    on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
-    return jnp.mean(on_bound, axis=-1, dtype=action.dtype), jnp.min(distances, axis=-1)

@@ -27,7 +27,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers.distributions.categorical import MaskedCategorical
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, draw, stream
 from samplers.heads.discrete import CategoricalSampler
 from samplers.heads.module import StatefulModuleOutput
 
@@ -74,7 +74,7 @@ class _Composite(ActionSampler):
                 f"per_env_streams=True (or every part without)."
             )
         self.per_env_streams = next(iter(flags.values()))
-        self._reseed(_root_key(rngs, rng_collection))
+        self._reseed(draw(stream(rngs, rng_collection), rng_collection))
 
     def _leaves(self) -> Iterator[tuple[tuple[str, ...], Any]]:
         """``(path, head)`` of every part, nested composites' parts included."""
@@ -622,26 +622,3 @@ def _refuse_shared(what: str, leaves: Iterator[tuple[tuple[str, ...], Any]]) -> 
                 f"{type(head).__name__}; build one head per part."
             )
         seen[id(head)] = path
-
-
-def _root_key(rngs: Any, rng_collection: str) -> PRNGKeyArray:
-    """One key from ``rngs``: its ``rng_collection`` stream, else ``default``, or the
-    ``nnx.RngStream`` itself."""
-    if isinstance(rngs, nnx.RngStream):
-        return rngs()
-    if not isinstance(rngs, nnx.Rngs):
-        raise TypeError(
-            f"rngs must be an nnx.Rngs or an nnx.RngStream, got {type(rngs).__name__}; pass "
-            f"e.g. rngs=nnx.Rngs(0)."
-        )
-    if not isinstance(rng_collection, str):
-        raise TypeError(f"rng_collection must be a stream name, got {rng_collection!r}.")
-    try:
-        stream = rngs[rng_collection]
-    except KeyError:
-        raise ValueError(
-            f"the nnx.Rngs has no stream named {rng_collection!r} and no 'default' stream to "
-            f"fall back to (it has {sorted(rngs)}); pass nnx.Rngs(0) or "
-            f"nnx.Rngs({rng_collection}=0)."
-        ) from None
-    return stream()

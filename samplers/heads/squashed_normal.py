@@ -26,10 +26,10 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers._numerics import k3
-from samplers.distributions.bijectors import Squashing, Tanh, squashing
+from samplers.distributions.bijectors import Tanh, squashing
 from samplers.distributions.constructors import squashed_normal, squashed_normal_from_log_std
 from samplers.distributions.squashed_normal import SquashedNormal
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, bound_metrics
 from samplers.heads.module import StatefulModuleOutput
 from samplers.heads.static import Static
 
@@ -282,7 +282,7 @@ class SquashedNormalSampler(ActionSampler):
         metrics = {"mu": dist.loc, "sigma": dist.scale}
         bounds = squashing(self.bijector)
         if bounds is not None:
-            metrics["saturation"], metrics["bound_distance"] = _bound_metrics(bounds, action)
+            metrics["saturation"], metrics["bound_distance"] = bound_metrics(bounds, action)
         if old_log_likelihood is not None:
             log_ratio = log_likelihood - old_log_likelihood
             metrics["log_ratio"] = log_ratio
@@ -462,12 +462,3 @@ def _check_finite(mean_and_std) -> None:
         f"exploding gradient or a division by zero).",
         index=index,
     )
-
-
-@jax.jit
-def _bound_metrics(bounds: Squashing, action):
-    """The fraction of each action's dimensions on a bound, and its smallest distance."""
-    distances = bounds.distances(action)
-    # A NaN action is neither on a bound nor off it: its saturation is NaN.
-    on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
-    return jnp.mean(on_bound, axis=-1, dtype=action.dtype), jnp.min(distances, axis=-1)
