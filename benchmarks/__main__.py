@@ -12,7 +12,6 @@ import datetime
 import json
 import math
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 import samplers
-from benchmarks import bandwidth, composite, discrete, implementations
+from benchmarks import bandwidth, beta, composite, discrete, implementations, timing
 
 _QUICK = {
     "batches": (1, 4096, 65536),
@@ -51,6 +50,12 @@ _ESTIMATORS = {
     "exact": {"entropy": "exact"},
     "base Normal only": {"entropy": "base"},
 }
+# The suites of other heads, each a module with a run(), and what each times.
+_SUITES = {
+    "discrete": "the discrete heads",
+    "composite": "the composite heads",
+    "beta": "the Beta head",
+}
 _ROUND_SECONDS = 0.04  # per implementation per round, so a quick run takes a few minutes
 
 
@@ -59,36 +64,6 @@ def _inputs(batch, actions, key):
     mean_and_std = jax.random.normal(k1, (batch, 2 * actions))
     _, old, raw = implementations.handwritten_rollout(mean_and_std, k2)
     return mean_and_std, raw, old, jax.random.normal(k3, (batch,))
-
-
-def _call_seconds(fn, args, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - start) / calls
-
-
-def _interleaved(fns, rounds):
-    """Per-implementation ``(seconds per call, ratio to the first)``, one entry per round."""
-    for fn, args in fns.values():
-        jax.block_until_ready(fn(*args))  # compile and warm up
-    reference = next(iter(fns))
-    fn, args = fns[reference]
-    calls = max(1, int(_ROUND_SECONDS / max(_call_seconds(fn, args, 3), 1e-7)))
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        order = list(fns)
-        random.shuffle(order)
-        seconds = {name: _call_seconds(*fns[name], calls) for name in order}
-        for name in fns:
-            samples[name].append((seconds[name], seconds[name] / seconds[reference]))
-    return samples
-
-
-def _summary(samples):
-    times = [s for s, _ in samples]
-    ratios = [r for _, r in samples]
-    return statistics.median(times), statistics.median(ratios), min(ratios), max(ratios)
 
 
 def _actor_step(step):
@@ -116,9 +91,9 @@ def _workloads(impls, actor_steps, batch, actions, rounds):
         for step in actor_steps
     }
     return {
-        "rollout": _interleaved(rollout, rounds),
-        "loss": _interleaved(loss, rounds),
-        "actor": _interleaved(actor, rounds),
+        "rollout": timing.interleaved(rollout, rounds, _ROUND_SECONDS),
+        "loss": timing.interleaved(loss, rounds, _ROUND_SECONDS),
+        "actor": timing.interleaved(actor, rounds, _ROUND_SECONDS),
     }
 
 
@@ -212,7 +187,7 @@ def _small_batch_latency(rounds):
         "samplers.functional": (apply, (state, mean_and_std)),
         "module via nnx.jit": (nnx.jit(lambda m, x: m((), x)), (head, mean_and_std)),
     }
-    return _interleaved(fns, rounds)
+    return timing.interleaved(fns, rounds, _ROUND_SECONDS)
 
 
 def _entropy_estimators(batch, rounds):
@@ -230,10 +205,10 @@ def _entropy_estimators(batch, rounds):
         )
         for name, (loss, rng) in fns.items()
     }
-    costs = _interleaved(timed, rounds)
+    costs = timing.interleaved(timed, rounds, _ROUND_SECONDS)
     rows = []
     for name, options in _ESTIMATORS.items():
-        row = [name, _ratio_cell(_summary(costs[name]))]
+        row = [name, timing.ratio_cell(costs[name])]
         for mean, std in _ENTROPY_CASES:
             raw_std = math.log(math.expm1(std - implementations.MIN_STD))
             params = jnp.tile(jnp.array([mean, raw_std]), (4096, 1))
@@ -266,17 +241,6 @@ def _import_seconds(repeats):
     return statistics.median(runs)
 
 
-def _table(rows, header):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _ratio_cell(summary):
-    _, ratio, low, high = summary
-    return f"{ratio:.2f} ({low:.2f}-{high:.2f})"
-
-
 def _plot(results, actions, path, bandwidth_tbs=None):
     try:
         import matplotlib
@@ -292,7 +256,7 @@ def _plot(results, actions, path, bandwidth_tbs=None):
         cells = {b: r[workload] for (b, a), r in results.items() if a == actions}
         batches = sorted(cells)
         for name in cells[batches[0]]:
-            times = [_summary(cells[b][name])[0] * 1e3 for b in batches]
+            times = [timing.summary(cells[b][name])[0] * 1e3 for b in batches]
             style = "--" if name.startswith("floor") else "-o"
             axis.loglog(batches, times, style, label=name, markersize=4, color=colors[name])
         if bandwidth_tbs is not None:
@@ -301,7 +265,7 @@ def _plot(results, actions, path, bandwidth_tbs=None):
             ]
             axis.loglog(batches, floors, ":k", label=f"bandwidth floor, {bandwidth_tbs:g} TB/s")
             # At small batches the floor is picoseconds: keep the axis to the measured range.
-            fastest = min(_summary(cells[b][n])[0] for b in batches for n in cells[b]) * 1e3
+            fastest = min(timing.summary(cells[b][n])[0] for b in batches for n in cells[b]) * 1e3
             axis.set_ylim(bottom=fastest / 3)
         axis.set(
             xlabel="batch size B",
@@ -374,7 +338,7 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
             "batch": batch,
             "actions": actions,
             "implementation": implementation,
-            **dict(zip(("seconds", "ratio", "low", "high"), _summary(samples), strict=True)),
+            **dict(zip(("seconds", "ratio", "low", "high"), timing.summary(samples), strict=True)),
         }
         for (batch, actions), cell in results.items()
         for workload in _WORKLOADS
@@ -387,9 +351,10 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         f"Command: `{command}`, {datetime.date.today()}. Device: {device.device_kind} "
         f"(platform {device.platform}, {len(jax.devices(device.platform))} device(s)); "
         f"host {platform.machine()} with {_cpu_count()} cores. Python "
-        f"{platform.python_version()}, jax {jax.__version__}, jaxlib {_version('jaxlib')}, "
-        f"flax {_version('flax')}, distrax {_version('distrax')}, "
-        f"tfp {_version('tfp-nightly')}, brax {_version('brax')}; float32.",
+        f"{platform.python_version()}, jax {jax.__version__}, "
+        f"jaxlib {timing.version('jaxlib')}, "
+        f"flax {timing.version('flax')}, distrax {timing.version('distrax')}, "
+        f"tfp {timing.version('tfp-nightly')}, brax {timing.version('brax')}; float32.",
         "",
         "Each cell: median over interleaved rounds of time / hand-written time in the "
         "same round (min-max); below 1 is faster than the hand-written formula.",
@@ -404,11 +369,11 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         names = list(first)
         header = ["B", "A", "hand-written (ms)", *names[1:]]
         rows = [
-            [batch, actions, f"{_summary(cell[workload][names[0]])[0] * 1e3:.3f}"]
-            + [_ratio_cell(_summary(cell[workload][name])) for name in names[1:]]
+            [batch, actions, f"{timing.summary(cell[workload][names[0]])[0] * 1e3:.3f}"]
+            + [timing.ratio_cell(cell[workload][name]) for name in names[1:]]
             for (batch, actions), cell in results.items()
         ]
-        sections += ["", f"## {titles[workload]}", "", _table(rows, header)]
+        sections += ["", f"## {titles[workload]}", "", timing.table(rows, header)]
         if workload == "actor":
             failing = _actor_saturation(actor_steps, grid["compile_batch"], grid["actions"][0])
             sections += [
@@ -427,14 +392,14 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         "",
         f"## Trace plus compile (rollout + loss, B = {compile_batch}, A = 8)",
         "",
-        _table(
+        timing.table(
             [[n, f"{s * 1e3:.0f}", f"{s / reference:.2f}"] for n, s in compile_seconds.items()],
             ["implementation", "ms (median)", "ratio"],
         ),
         "",
         f"## Compiled memory (XLA temporaries + outputs, B = {memory_batch}, A = 8)",
         "",
-        _table(
+        timing.table(
             [
                 [n, f"{r / 2**20:.2f}", f"{lo / 2**20:.2f}"]
                 for n, (r, lo) in _memory(impls, memory_batch).items()
@@ -442,16 +407,16 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
             ["implementation", "rollout MiB", "loss MiB"],
         ),
         "",
-        _table(
+        timing.table(
             [[n, f"{b / 2**20:.2f}"] for n, b in _actor_memory(actor_steps, memory_batch).items()],
             ["implementation", "actor MiB"],
         ),
         "",
         "## B = 1 rollout latency",
         "",
-        _table(
+        timing.table(
             [
-                [n, f"{_summary(s)[0] * 1e6:.1f}", _ratio_cell(_summary(s))]
+                [n, f"{timing.summary(s)[0] * 1e6:.1f}", timing.ratio_cell(s)]
                 for n, s in _small_batch_latency(grid["rounds"]).items()
             ],
             ["call path", "us per call", "ratio to the first"],
@@ -462,7 +427,7 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         "Cost: loss-step time / hand-written. Bias / std: mean minus the float64 entropy, "
         "and the spread per call, over 4096 draws for a 1-D policy with (mean, std).",
         "",
-        _table(
+        timing.table(
             _entropy_estimators(memory_batch, grid["rounds"]),
             ["estimator", "cost", *(f"bias / std at {case}" for case in _ENTROPY_CASES)],
         ),
@@ -493,15 +458,6 @@ def _cpu_count():
     import os
 
     return len(os.sched_getaffinity(0))
-
-
-def _version(package):
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _batches(text):
@@ -542,18 +498,13 @@ def _parser():
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
-    parser.add_argument(
-        "--discrete",
-        action="store_true",
-        help="time the discrete heads instead (benchmarks/discrete.py), writing discrete.md "
-        "and discrete.json unless --name is given",
-    )
-    parser.add_argument(
-        "--composite",
-        action="store_true",
-        help="time the composite heads instead (benchmarks/composite.py), writing "
-        "composite.md and composite.json unless --name is given",
-    )
+    for suite, heads in _SUITES.items():
+        parser.add_argument(
+            f"--{suite}",
+            action="store_true",
+            help=f"time {heads} instead (benchmarks/{suite}.py), writing {suite}.md and "
+            f"{suite}.json unless --name is given",
+        )
     return parser
 
 
@@ -568,19 +519,18 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
-    if args.composite:
-        if args.discrete:
-            parser.error("--composite and --discrete are two separate runs; pass one of them")
+    chosen = [suite for suite in _SUITES if getattr(args, suite)]
+    if len(chosen) > 1:
+        parser.error(f"--{' and --'.join(chosen)} are separate runs; pass one of them")
+    if chosen:
+        suite = chosen[0]
         if args.bandwidth_tbs is not None:
-            parser.error("--bandwidth-tbs: the composite heads have no bandwidth floor; drop it")
-        name = "composite" if args.name == "results" else args.name
-        print(composite.run(grid["batches"], args.out, device=device, name=name, command=command))
-        return
-    if args.discrete:
-        if args.bandwidth_tbs is not None:
-            parser.error("--bandwidth-tbs: the discrete heads have no bandwidth floor; drop it")
-        name = "discrete" if args.name == "results" else args.name
-        print(discrete.run(grid["batches"], args.out, device=device, name=name, command=command))
+            parser.error(
+                f"--bandwidth-tbs: there is no bandwidth floor for {_SUITES[suite]}; drop it"
+            )
+        name = suite if args.name == "results" else args.name
+        module = {"discrete": discrete, "composite": composite, "beta": beta}[suite]
+        print(module.run(grid["batches"], args.out, device=device, name=name, command=command))
         return
     print(
         run(

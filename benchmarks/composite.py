@@ -11,16 +11,9 @@ separates what the composite adds from what its parts cost. Writes
 ``results/composite.md`` and ``results/composite.json``.
 """
 
-import datetime
 import itertools
 import json
-import os
-import platform
-import statistics
-import subprocess
-import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,14 +23,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 import samplers
-from benchmarks import discrete, implementations
+from benchmarks import implementations, timing
+from benchmarks.implementations import surrogate
 
 ROUNDS = 21
 ACTION_DIM = 6  # the Box part of the Dict cases
 PARAMETER_DIMS = (1, 2)  # the parameters of the ParameterizedSampler's two actions
 _W, _MIN_STD = implementations.ENTROPY_WEIGHT, implementations.MIN_STD
 _WORKLOADS = ("rollout", "loss")
-_FIELDS = ("seconds", "ratio", "low", "high")
 _TITLES = {
     "rollout": "Rollout: sample, log-likelihood, the extras to store for the replay",
     "loss": "Loss: value and gradient (w.r.t. the network output) of the PPO surrogate "
@@ -251,15 +244,6 @@ def composite_cases() -> list[CompositeCase]:
 # --- the timed steps ----------------------------------------------------------------
 
 
-def _surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
-    """The clipped PPO surrogate minus the entropy bonus, as the other suites' steps."""
-    clip = implementations.CLIP
-    ratio = jnp.exp(log_likelihood - old_log_likelihood)
-    clipped = jnp.clip(ratio, 1 - clip, 1 + clip)
-    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
-    return policy_loss - _W * jnp.mean(entropy)
-
-
 def _hand_written_steps(case):
     """``(rollout, loss)``, each threading a key that it splits every step."""
 
@@ -273,7 +257,7 @@ def _hand_written_steps(case):
         else:
             key, subkey = jax.random.split(key)
             log_likelihood, entropy = case.replay(params, stored, subkey)
-        return _surrogate(log_likelihood, old_log_likelihood, advantage, entropy), key
+        return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), key
 
     return rollout, loss
 
@@ -290,7 +274,7 @@ def _head_steps(call):
     def loss(params, stored, old_log_likelihood, advantage, state):
         (_, log_likelihood, regularization_loss, _), state = call(state, params, stored)
         entropy = -regularization_loss / _W
-        return _surrogate(log_likelihood, old_log_likelihood, advantage, entropy), state
+        return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), state
 
     return rollout, loss
 
@@ -353,8 +337,8 @@ def time_case(case, batch, rounds):
             (params, stored, old_log_likelihood, advantage, rng),
         )
     return {
-        "rollout": discrete.interleaved(rollout, rounds),
-        "loss": discrete.interleaved(loss, rounds),
+        "rollout": timing.interleaved(rollout, rounds),
+        "loss": timing.interleaved(loss, rounds),
     }
 
 
@@ -392,7 +376,7 @@ def time_calls(case, batch, rounds):
         "hand-written key split alone": (jax.jit(hand_written_call), (params, key)),
         "samplers streams alone": (jax.jit(head_call), (params, state)),
     }
-    return discrete.interleaved(fns, rounds)
+    return timing.interleaved(fns, rounds)
 
 
 def time_entropies(batch, rounds, num_actions=18):
@@ -422,70 +406,10 @@ def time_entropies(batch, rounds, num_actions=18):
         )
         for name, (loss, rng) in fns.items()
     }
-    return discrete.interleaved(timed, rounds)
+    return timing.interleaved(timed, rounds)
 
 
 # --- the report -------------------------------------------------------------------
-
-
-def _summary(samples):
-    ratios = [r for _, r in samples]
-    return (
-        statistics.median(s for s, _ in samples),
-        statistics.median(ratios),
-        min(ratios),
-        max(ratios),
-    )
-
-
-def _load():
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _commit():
-    """The commit of the library timed, and whether ``samplers/`` (but its examples) differs."""
-    root = Path(__file__).parent.parent
-
-    def git(*args):
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--", "samplers", ":!samplers/examples")
-    except (OSError, subprocess.CalledProcessError):
-        return "samplers from an unknown commit"
-    return f"samplers at commit {commit}" + (" with local changes" if changed else "")
-
-
-def _version(package):
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _table(rows, header):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
-
-
-def _records(cells, **fields):
-    """One JSON record per implementation of ``cells`` (``{name: samples}``)."""
-    return [
-        {**fields, "implementation": name, **dict(zip(_FIELDS, _summary(samples), strict=True))}
-        for name, samples in cells.items()
-    ]
-
-
-def _ratio_cells(cells):
-    """The first's milliseconds, then each other's ratio to it (min-max)."""
-    names = list(cells)
-    summaries = [_summary(cells[n]) for n in names]
-    return [f"{summaries[0][0] * 1e3:.4f}"] + [
-        f"{r:.2f} ({low:.2f}-{high:.2f})" for _, r, low, high in summaries[1:]
-    ]
 
 
 def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, command=None):
@@ -505,7 +429,8 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
     device = jax.devices()[0] if device is None else device
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    commit, load_before, started = _commit(), _load(), time.perf_counter()
+    command = command or "python -m benchmarks --composite"
+    conditions = timing.Conditions(command, device)
     results, calls, smallest, largest = {}, {}, min(batches), max(batches)
     with jax.default_device(device):
         for case in composite_cases():
@@ -517,18 +442,12 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
             calls[case.name] = time_calls(case, smallest, rounds)
         print(f"timing the entropy options B={largest}", flush=True)
         entropies = time_entropies(largest, rounds)
-    load_after, minutes = _load(), (time.perf_counter() - started) / 60
-    command = command or "python -m benchmarks --composite"
+    conditions.stop()
     described = "; ".join(f"`{option}`: {text}" for option, text in _ENTROPIES.items())
     sections = [
         "# Composite heads against distrax as users write it",
         "",
-        f"Command: `{command}`, {datetime.date.today()}. Device: {device.device_kind} "
-        f"(platform {device.platform}); host {platform.machine()} with "
-        f"{len(os.sched_getaffinity(0))} cores, load average (1, 5, 15 min) {load_before} "
-        f"before and {load_after} after the {minutes:.1f} minutes of timing. Python "
-        f"{platform.python_version()}, jax {jax.__version__}, flax {_version('flax')}, "
-        f"distrax {_version('distrax')}, {commit}; float32.",
+        conditions.line(),
         "",
         "Dict cases: `CompositeSampler({'discrete': CategoricalSampler, 'box': "
         f"SquashedNormalSampler(action_dim={ACTION_DIM})}})` against `distrax.Categorical` and "
@@ -547,10 +466,16 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
     names = [impl.name for impl in implementations_of(composite_cases()[0])]
     for workload in _WORKLOADS:
         rows = [
-            [case, batch, *_ratio_cells(cell[workload])] for (case, batch), cell in results.items()
+            [
+                case,
+                batch,
+                f"{timing.summary(cell[workload][names[0]])[0] * 1e3:.4f}",
+                *(timing.ratio_cell(cell[workload][n]) for n in names[1:]),
+            ]
+            for (case, batch), cell in results.items()
         ]
         header = ["case", "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {_TITLES[workload]}", "", _table(rows, header)]
+        sections += ["", f"## {_TITLES[workload]}", "", timing.table(rows, header)]
     call_names = list(next(iter(calls.values())))
     reference_entropy, *other_entropies = entropies
     sections += [
@@ -562,9 +487,9 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
         "from its state, draws two keys from each part's stream (the sample's and the "
         "entropy's, as each part does per call) and returns its state.",
         "",
-        _table(
+        timing.table(
             [
-                [case, *(f"{_summary(cells[n])[0] * 1e6:.1f}" for n in call_names)]
+                [case, *(f"{timing.summary(cells[n])[0] * 1e6:.1f}" for n in call_names)]
                 for case, cells in calls.items()
             ],
             ["case", *(f"{n} (us)" for n in call_names)],
@@ -575,15 +500,14 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
         f"The loss of the Dict(Discrete(18), Box({ACTION_DIM})) head with each `entropy=` "
         "option of its squashed Normal, beside the hand-written loss with the one-sample "
         "estimate, against the hand-written loss with the Normal's closed-form entropy "
-        f"({_summary(entropies[reference_entropy])[0] * 1e3:.4f} ms). `exact` is what "
+        f"({timing.summary(entropies[reference_entropy])[0] * 1e3:.4f} ms). `exact` is what "
         "`samplers.head_for` gives a bounded Box inside a Dict or Tuple space unless "
         "`entropy=` is passed.",
         "",
-        _table(
+        timing.table(
             [
-                [n, f"{seconds * 1e3:.4f}", f"{r:.2f} ({low:.2f}-{high:.2f})"]
+                [n, f"{timing.summary(entropies[n])[0] * 1e3:.4f}", timing.ratio_cell(entropies[n])]
                 for n in other_entropies
-                for seconds, r, low, high in [_summary(entropies[n])]
             ],
             ["implementation", "ms", f"time / {reference_entropy}"],
         ),
@@ -591,25 +515,19 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
     text = "\n".join(sections) + "\n"
     (out_dir / f"{name}.md").write_text(text)
     record = {
-        "command": command,
-        "device_kind": device.device_kind,
-        "platform": device.platform,
-        "jax": jax.__version__,
-        "samplers": commit,
-        "load_average": {"before": load_before, "after": load_after},
-        "rounds": rounds,
+        **conditions.record(rounds),
         "timings": [
             record
             for (case, batch), cell in results.items()
             for workload in _WORKLOADS
-            for record in _records(cell[workload], workload=workload, case=case, batch=batch)
+            for record in timing.records(cell[workload], workload=workload, case=case, batch=batch)
         ],
         "calls": [
             record
             for case, cells in calls.items()
-            for record in _records(cells, case=case, batch=smallest)
+            for record in timing.records(cells, case=case, batch=smallest)
         ],
-        "entropies": _records(entropies, batch=largest),
+        "entropies": timing.records(entropies, batch=largest),
     }
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return text

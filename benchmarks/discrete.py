@@ -11,24 +11,15 @@ rollout with its metrics returned. Writes ``results/discrete.md`` and
 ``results/discrete.json``.
 """
 
-import datetime
 import json
-import os
-import platform
-import random
-import statistics
-import subprocess
-import time
-from importlib import metadata
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks import implementations
+from benchmarks import implementations, timing
 
 ROUNDS = 21
-_ROUND_SECONDS = 0.05  # per implementation per round
 _WORKLOADS = ("rollout", "loss")
 _TITLES = {
     "rollout": "Rollout: sample, log-likelihood",
@@ -61,39 +52,6 @@ def inputs(case, batch, key):
     return make(key)
 
 
-def _call_seconds(fn, args, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - start) / calls
-
-
-def interleaved(fns, rounds):
-    """Per implementation, ``(seconds per call, ratio to the first)`` for each round."""
-    for fn, args in fns.values():
-        jax.block_until_ready(fn(*args))  # compile and warm up
-    reference = next(iter(fns))
-    calls = max(1, int(_ROUND_SECONDS / max(_call_seconds(*fns[reference], 3), 1e-7)))
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        order = list(fns)
-        random.shuffle(order)
-        seconds = {name: _call_seconds(*fns[name], calls) for name in order}
-        for name in fns:
-            samples[name].append((seconds[name], seconds[name] / seconds[reference]))
-    return samples
-
-
-def _summary(samples):
-    ratios = [r for _, r in samples]
-    return (
-        statistics.median(s for s, _ in samples),
-        statistics.median(ratios),
-        min(ratios),
-        max(ratios),
-    )
-
-
 def time_case(case, batch, rounds):
     """``{workload: interleaved samples}`` of the implementations of ``case`` at ``batch``."""
     logits, mask, action, old_log_likelihood, advantage = inputs(case, batch, jax.random.key(0))
@@ -106,7 +64,10 @@ def time_case(case, batch, rounds):
             jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
             (logits, mask, action, old_log_likelihood, advantage, rng),
         )
-    return {"rollout": interleaved(rollout, rounds), "loss": interleaved(loss, rounds)}
+    return {
+        "rollout": timing.interleaved(rollout, rounds),
+        "loss": timing.interleaved(loss, rounds),
+    }
 
 
 def _parts(distribution):
@@ -145,7 +106,7 @@ def time_parts(case, batch, rounds):
     results = {}
     for part in pieces["handwritten"]:
         fns = {name: (jax.jit(p[part]), (logits, mask, action, key)) for name, p in pieces.items()}
-        results[part] = interleaved(fns, rounds)
+        results[part] = timing.interleaved(fns, rounds)
     impls = implementations.discrete_implementations(case)
     head = impls[1]
     with_metrics = implementations.discrete_head_rollout_with_metrics(case)
@@ -155,41 +116,8 @@ def time_parts(case, batch, rounds):
         head.name: (jax.jit(head.rollout), (logits, mask, state)),
         "samplers, metrics returned": (jax.jit(with_metrics), (logits, mask, state)),
     }
-    results["head rollout"] = interleaved(fns, rounds)
+    results["head rollout"] = timing.interleaved(fns, rounds)
     return results
-
-
-def _load():
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _commit():
-    """The commit of the library timed, and whether ``samplers/`` (but its examples) differs."""
-    root = Path(__file__).parent.parent
-
-    def git(*args):
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--", "samplers", ":!samplers/examples")
-    except (OSError, subprocess.CalledProcessError):
-        return "samplers from an unknown commit"
-    return f"samplers at commit {commit}" + (" with local changes" if changed else "")
-
-
-def _version(package):
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _table(rows, header):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
 
 
 def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, command=None):
@@ -209,7 +137,8 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
     device = jax.devices()[0] if device is None else device
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    commit, load_before, started = _commit(), _load(), time.perf_counter()
+    command = command or "python -m benchmarks --discrete"
+    conditions = timing.Conditions(command, device)
     results, parts, largest = {}, {}, max(batches)
     with jax.default_device(device):
         for case in implementations.discrete_cases():
@@ -219,30 +148,12 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
         for case in implementations.discrete_cases():
             print(f"timing the parts of {case.name} B={largest}", flush=True)
             parts[case.name] = time_parts(case, largest, rounds)
-    load_after, minutes = _load(), (time.perf_counter() - started) / 60
-    timings = [
-        {
-            "workload": workload,
-            "head": head,
-            "batch": batch,
-            "implementation": implementation,
-            **dict(zip(("seconds", "ratio", "low", "high"), _summary(samples), strict=True)),
-        }
-        for (head, batch), cell in results.items()
-        for workload in _WORKLOADS
-        for implementation, samples in cell[workload].items()
-    ]
-    command = command or "python -m benchmarks --discrete"
+    conditions.stop()
     i = implementations
     sections = [
         "# Discrete heads against distrax as users write it",
         "",
-        f"Command: `{command}`, {datetime.date.today()}. Device: {device.device_kind} "
-        f"(platform {device.platform}); host {platform.machine()} with "
-        f"{len(os.sched_getaffinity(0))} cores, load average (1, 5, 15 min) {load_before} "
-        f"before and {load_after} after the {minutes:.1f} minutes of timing. Python "
-        f"{platform.python_version()}, jax {jax.__version__}, flax {_version('flax')}, "
-        f"distrax {_version('distrax')}, {commit}; float32.",
+        conditions.line(),
         "",
         f"Categorical: {i.NUM_ACTIONS} actions (masked: random booleans, at least one "
         f"allowed per row). MultiDiscrete: nvec = {i.NVEC}. MultiBinary: {i.NUM_BITS} bits. "
@@ -253,21 +164,17 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
     for workload in _WORKLOADS:
         rows = []
         for (head, batch), cell in results.items():
-            seconds = _summary(cell[workload][names[0]])[0]
-            ratios = [_summary(cell[workload][n]) for n in names[1:]]
-            rows.append(
-                [head, batch, f"{seconds * 1e3:.4f}"]
-                + [f"{r:.2f} ({low:.2f}-{high:.2f})" for _, r, low, high in ratios]
-            )
+            seconds = timing.summary(cell[workload][names[0]])[0]
+            ratios = [timing.ratio_cell(cell[workload][n]) for n in names[1:]]
+            rows.append([head, batch, f"{seconds * 1e3:.4f}", *ratios])
         header = ["head", "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {_TITLES[workload]}", "", _table(rows, header)]
+        sections += ["", f"## {_TITLES[workload]}", "", timing.table(rows, header)]
     rows = []
     for head, cell in parts.items():
         for part, samples in cell.items():
             names = list(samples)
-            ratios = [_summary(samples[n]) for n in names[1:]]
-            cells = [f"{r:.2f} ({low:.2f}-{high:.2f})" for _, r, low, high in ratios]
-            seconds = _summary(samples[names[0]])[0]
+            cells = [timing.ratio_cell(samples[n]) for n in names[1:]]
+            seconds = timing.summary(samples[names[0]])[0]
             if part == "head rollout":
                 rows.append([head, "rollout", f"{seconds * 1e3:.4f}", "-", *cells])
             else:
@@ -283,7 +190,7 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
         "`masked_probability`), which the timed rollout above leaves out. Ratios to the "
         "hand-written column, as above.",
         "",
-        _table(
+        timing.table(
             rows,
             [
                 "head",
@@ -298,25 +205,18 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
     text = "\n".join(sections) + "\n"
     (out_dir / f"{name}.md").write_text(text)
     record = {
-        "command": command,
-        "device_kind": device.device_kind,
-        "platform": device.platform,
-        "jax": jax.__version__,
-        "samplers": commit,
-        "load_average": {"before": load_before, "after": load_after},
-        "rounds": rounds,
-        "timings": timings,
+        **conditions.record(rounds),
+        "timings": [
+            record
+            for (head, batch), cell in results.items()
+            for workload in _WORKLOADS
+            for record in timing.records(cell[workload], workload=workload, head=head, batch=batch)
+        ],
         "parts": [
-            {
-                "head": head,
-                "batch": largest,
-                "piece": part,
-                "implementation": implementation,
-                **dict(zip(("seconds", "ratio", "low", "high"), _summary(s), strict=True)),
-            }
+            record
             for head, cell in parts.items()
             for part, samples in cell.items()
-            for implementation, s in samples.items()
+            for record in timing.records(samples, head=head, batch=largest, piece=part)
         ],
     }
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")

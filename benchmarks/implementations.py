@@ -62,7 +62,8 @@ def _splitting_key(step):
     return threaded
 
 
-def _surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
+def surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
+    """The clipped PPO surrogate minus the entropy bonus: the loss every suite times."""
     ratio = jnp.exp(log_likelihood - old_log_likelihood)
     clipped = jnp.clip(ratio, 1 - CLIP, 1 + CLIP)
     policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
@@ -111,7 +112,7 @@ def handwritten_loss(mean_and_std, raw, old_log_likelihood, advantage, key):
     mean, std = _split(mean_and_std)
     eps = jax.lax.stop_gradient(jax.random.normal(key, mean.shape))
     entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std) + _tanh_log_det(mean + std * eps), -1)
-    return _surrogate(_handwritten_log_prob(raw, mean, std), old_log_likelihood, advantage, entropy)
+    return surrogate(_handwritten_log_prob(raw, mean, std), old_log_likelihood, advantage, entropy)
 
 
 def actor_loss_from_noise(mean_and_std, eps):
@@ -157,8 +158,8 @@ def samplers_functions(**options):
     def loss(mean_and_std, raw, old_log_likelihood, advantage, state):
         out, state = apply(state, mean_and_std, raw)
         entropy = -out.regularization_loss / ENTROPY_WEIGHT
-        surrogate = _surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
-        return surrogate, state
+        value = surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
+        return value, state
 
     def random_input(key):
         return samplers.functional(head(key))[1]
@@ -209,7 +210,7 @@ def _distrax_functions():
         eps = jax.lax.stop_gradient(jax.random.normal(key, raw.shape))
         z = base.mean() + base.stddev() * eps
         entropy = base.entropy() + bijector.forward_log_det_jacobian(z)
-        return _surrogate(log_likelihood, old_log_likelihood, advantage, entropy)
+        return surrogate(log_likelihood, old_log_likelihood, advantage, entropy)
 
     def actor(mean_and_std, key):
         mean, std = _split(mean_and_std)
@@ -237,7 +238,7 @@ def _tfp_functions():
         base = tfd.MultivariateNormalDiag(mean, std)
         eps = jax.lax.stop_gradient(jax.random.normal(key, raw.shape))
         entropy = base.entropy() + log_det(mean + std * eps)
-        return _surrogate(base.log_prob(raw) - log_det(raw), old_log_likelihood, advantage, entropy)
+        return surrogate(base.log_prob(raw) - log_det(raw), old_log_likelihood, advantage, entropy)
 
     def actor(mean_and_std, key):
         # log_prob of the sample finds its pre-image in the bijector's cache
@@ -265,7 +266,7 @@ def _brax_functions():
     def loss(mean_and_std, raw, old_log_likelihood, advantage, key):
         dist = distribution.NormalTanhDistribution(mean_and_std.shape[-1] // 2, min_std=MIN_STD)
         entropy = dist.entropy(mean_and_std, key)
-        return _surrogate(dist.log_prob(mean_and_std, raw), old_log_likelihood, advantage, entropy)
+        return surrogate(dist.log_prob(mean_and_std, raw), old_log_likelihood, advantage, entropy)
 
     def actor(mean_and_std, key):
         dist = distribution.NormalTanhDistribution(mean_and_std.shape[-1] // 2, min_std=MIN_STD)
@@ -421,7 +422,7 @@ def discrete_distribution_loss(distribution):
 
     def loss(logits, mask, action, old_log_likelihood, advantage):
         dist = distribution(logits, mask)
-        return _surrogate(dist.log_prob(action), old_log_likelihood, advantage, dist.entropy())
+        return surrogate(dist.log_prob(action), old_log_likelihood, advantage, dist.entropy())
 
     return loss
 
@@ -473,8 +474,8 @@ def _discrete_head_functions(case):
     def loss(logits, mask, action, old_log_likelihood, advantage, state):
         out, state = call(state, logits, mask, action)
         entropy = -out.regularization_loss / ENTROPY_WEIGHT
-        surrogate = _surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
-        return surrogate, state
+        value = surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
+        return value, state
 
     def random_input(key):
         return nnx.to_pure_dict(nnx.state(case.head(nnx.Rngs(key))))

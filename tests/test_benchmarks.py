@@ -1,5 +1,6 @@
 """The benchmark suite at toy sizes, so that it never rots; nothing here times anything."""
 
+import functools
 import json
 
 import jax
@@ -10,7 +11,7 @@ from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from benchmarks import __main__ as suite
-from benchmarks import bandwidth, composite, discrete, implementations
+from benchmarks import bandwidth, beta, composite, discrete, implementations
 from tests._tiers import slow
 
 _TINY = {
@@ -258,7 +259,7 @@ def test_discrete_flag_runs_the_discrete_suite(monkeypatch, tmp_path, capsys):
     assert other == (8, 16) and named["name"] == "other"
     with pytest.raises(SystemExit):
         suite.main(["--discrete", "--bandwidth-tbs", "4.8"])
-    assert "the discrete heads have no bandwidth floor" in capsys.readouterr().err
+    assert "there is no bandwidth floor for the discrete heads" in capsys.readouterr().err
 
 
 _COMPOSITE = {case.name: case for case in composite.composite_cases()}
@@ -352,7 +353,77 @@ def test_composite_flag_runs_the_composite_suite(monkeypatch, tmp_path, capsys):
     assert other == (8, 16) and named["name"] == "other"
     with pytest.raises(SystemExit):
         suite.main(["--composite", "--bandwidth-tbs", "4.8"])
-    assert "the composite heads have no bandwidth floor" in capsys.readouterr().err
+    assert "there is no bandwidth floor for the composite heads" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         suite.main(["--composite", "--discrete"])
-    assert "--composite and --discrete are two separate runs" in capsys.readouterr().err
+    assert "--discrete and --composite are separate runs" in capsys.readouterr().err
+
+
+_BETA = {case.name: case for case in beta.beta_cases()}
+
+
+@pytest.mark.parametrize("name", [n if n.startswith("Box(6)") else slow(n, id=n) for n in _BETA])
+def test_beta_head_computes_what_the_hand_written_code_computes(name):
+    case = _BETA[name]
+    impls = {impl.name: impl for impl in beta.implementations_of(case)}
+    assert list(impls) == ["handwritten", "samplers", "samplers (pure layer)"]
+    params, x, z, old, advantage = beta.inputs(case, 16, jax.random.key(0))
+    assert jnp.allclose(jax.nn.sigmoid(z), x, rtol=1e-5)
+    key = jax.random.key(1)
+    (want_value, _), want_grad = jax.jit(
+        jax.value_and_grad(impls["handwritten"].loss, has_aux=True)
+    )(params, x, old, advantage, key)
+    for implementation in ("samplers", "samplers (pure layer)"):
+        impl = impls[implementation]
+        rollout = jax.jit(impl.rollout)
+        (action, log_likelihood, pre_image), rng = rollout(params, impl.random_input(key))
+        (_, _, again), _ = rollout(params, rng)
+        assert not jnp.array_equal(again, pre_image)  # the stream advances
+        # The action is the stored logit's, and the hand-written code scores it alike.
+        u = jax.nn.sigmoid(pre_image)
+        assert jnp.allclose(action, case.low + (case.high - case.low) * u, rtol=1e-5, atol=1e-6)
+        inside = jnp.all((u > beta.CLIP) & (u < 1 - beta.CLIP), axis=-1)
+        want = jax.jit(functools.partial(beta.hand_written_log_likelihood, case))(params, u)
+        assert jnp.allclose(
+            jnp.where(inside, log_likelihood, 0.0),
+            jnp.where(inside, want, 0.0),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+        (value, _), grad = jax.jit(jax.value_and_grad(impl.loss, has_aux=True))(
+            params, z, old, advantage, impl.random_input(key)
+        )
+        assert jnp.allclose(value, want_value, rtol=1e-5, atol=1e-6)
+        assert jnp.allclose(grad, want_grad, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_beta_suite_runs_and_writes_its_report(tmp_path):
+    text = beta.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+    assert (tmp_path / "toy.md").read_text() == text
+    for heading in ("## Rollout", "## Loss"):
+        assert heading in text
+    for name in _BETA:
+        assert f"| {name} | 8 |" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert saved["rounds"] == 1 and saved["samplers"] in text
+    cells = {(t["workload"], t["case"], t["implementation"]) for t in saved["timings"]}
+    assert len(cells) == len(saved["timings"]) == 2 * len(_BETA) * 3
+    for record in saved["timings"]:
+        assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
+
+
+def test_beta_flag_runs_the_beta_suite(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(
+        beta, "run", lambda batches, out, **options: calls.append((batches, out, options))
+    )
+    suite.main(["--beta", "--batches", "8,16", "--out", str(tmp_path)])
+    ((batches, out, options),) = calls
+    assert batches == (8, 16) and out == tmp_path and options["name"] == "beta"
+    with pytest.raises(SystemExit):
+        suite.main(["--beta", "--bandwidth-tbs", "4.8"])
+    assert "there is no bandwidth floor for the Beta head" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite.main(["--discrete", "--beta"])
+    assert "--discrete and --beta are separate runs" in capsys.readouterr().err

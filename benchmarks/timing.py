@@ -1,0 +1,155 @@
+"""What every suite shares: interleaved timing, its summary, and the report's pieces.
+
+An implementation's sample in a round is ``(seconds per call, ratio to the first
+implementation's seconds in the same round)``; the rounds run the implementations
+in a fresh random order each, so that drift in the machine's load reaches them
+alike.
+"""
+
+import datetime
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import jax
+
+FIELDS = ("seconds", "ratio", "low", "high")  # the names of a summary's values
+
+
+def call_seconds(fn, args, calls):
+    """Mean seconds per call of ``fn(*args)`` over ``calls`` calls, each waited for."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved(fns, rounds, round_seconds=0.05):
+    """Per implementation, ``(seconds per call, ratio to the first)`` for each round.
+
+    Args:
+        fns: ``{name: (fn, args)}``; the first is the reference.
+        rounds: How many rounds.
+        round_seconds: About how long each implementation runs per round: the
+            number of calls per round is set from the reference's time.
+    """
+    for fn, args in fns.values():
+        jax.block_until_ready(fn(*args))  # compile and warm up
+    reference = next(iter(fns))
+    calls = max(1, int(round_seconds / max(call_seconds(*fns[reference], 3), 1e-7)))
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        order = list(fns)
+        random.shuffle(order)
+        seconds = {name: call_seconds(*fns[name], calls) for name in order}
+        for name in fns:
+            samples[name].append((seconds[name], seconds[name] / seconds[reference]))
+    return samples
+
+
+def summary(samples):
+    """``(median seconds, median ratio, least ratio, greatest ratio)`` of the samples."""
+    ratios = [r for _, r in samples]
+    return (
+        statistics.median(s for s, _ in samples),
+        statistics.median(ratios),
+        min(ratios),
+        max(ratios),
+    )
+
+
+def ratio_cell(samples):
+    """``"median (least-greatest)"`` of the samples' ratios."""
+    _, ratio, low, high = summary(samples)
+    return f"{ratio:.2f} ({low:.2f}-{high:.2f})"
+
+
+def records(cells, **fields):
+    """One JSON record per implementation of ``cells`` (``{name: samples}``)."""
+    return [
+        {**fields, "implementation": name, **dict(zip(FIELDS, summary(samples), strict=True))}
+        for name, samples in cells.items()
+    ]
+
+
+def table(rows, header):
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def version(package):
+    """The installed version of ``package``, or ``"not installed"``."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def load_average():
+    """The host's load average over 1, 5 and 15 minutes, as text."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def commit():
+    """The commit of the library timed, and whether ``samplers/`` (but its examples) differs."""
+    root = Path(__file__).parent.parent
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "samplers", ":!samplers/examples")
+    except (OSError, subprocess.CalledProcessError):
+        return "samplers from an unknown commit"
+    return f"samplers at commit {head}" + (" with local changes" if changed else "")
+
+
+class Conditions:
+    """What a report says of a run: the command, device, host, load and versions.
+
+    Made before the timing, which :meth:`stop` ends; :meth:`line` and
+    :meth:`record` then give the report's paragraph and the JSON's fields.
+    """
+
+    def __init__(self, command, device):
+        self.command, self.device = command, device
+        self.commit, self.load_before = commit(), load_average()
+        self.started, self.load_after, self.minutes = time.perf_counter(), None, None
+
+    def stop(self):
+        """Marks the end of the timing: the load average after it, and its minutes."""
+        self.load_after = load_average()
+        self.minutes = (time.perf_counter() - self.started) / 60
+
+    def line(self):
+        """``Command: ..., date. Device: ...``: the report's paragraph of conditions."""
+        device = self.device
+        return (
+            f"Command: `{self.command}`, {datetime.date.today()}. Device: {device.device_kind} "
+            f"(platform {device.platform}); host {platform.machine()} with "
+            f"{len(os.sched_getaffinity(0))} cores, load average (1, 5, 15 min) "
+            f"{self.load_before} before and {self.load_after} after the {self.minutes:.1f} "
+            f"minutes of timing. Python {platform.python_version()}, jax {jax.__version__}, "
+            f"flax {version('flax')}, distrax {version('distrax')}, {self.commit}; float32."
+        )
+
+    def record(self, rounds):
+        """The JSON record's fields of the conditions."""
+        return {
+            "command": self.command,
+            "device_kind": self.device.device_kind,
+            "platform": self.device.platform,
+            "jax": jax.__version__,
+            "samplers": self.commit,
+            "load_average": {"before": self.load_before, "after": self.load_after},
+            "rounds": rounds,
+        }
