@@ -71,6 +71,8 @@ _BERNOULLI = (
 # delta(t) = sum B_2k / (2k (2k - 1) t**(2k - 1)); delta'(t) = -sum B_2k / (2k t**2k).
 _DELTA = tuple(float(b / (2 * k * (2 * k - 1))) for k, b in enumerate(_BERNOULLI, 1))
 _DELTA_PRIME = tuple(float(-b / (2 * k)) for k, b in enumerate(_BERNOULLI, 1))
+# delta''(t) = sum B_2k / t**(2k + 1).
+_DELTA_SECOND = tuple(float(b) for b in _BERNOULLI)
 # Where the series takes over from lgamma and digamma: its first omitted term is below
 # 1e-17 at t = 8 and 3e-11 at t = 4, under the rounding of the dtype.
 _SERIES_FROM = {64: 8.0, 32: 4.0}
@@ -109,6 +111,16 @@ def _delta_prime(t):
     inverse_square = 1.0 / (t_large * t_large)
     series = inverse_square * _horner(_DELTA_PRIME, inverse_square)
     direct = special.digamma(t_small) - jnp.log(t_small) + 0.5 / t_small
+    return jnp.where(large, series, direct)
+
+
+def _delta_second(t):
+    """``delta''(t) = trigamma(t) - 1 / t - 1 / (2 t**2)``."""
+    large, t_large, t_small = _stirling_split(t)
+    inverse = 1.0 / t_large
+    inverse_square = inverse * inverse
+    series = inverse * inverse_square * _horner(_DELTA_SECOND, inverse_square)
+    direct = special.polygamma(1, t_small) - 1.0 / t_small - 0.5 / (t_small * t_small)
     return jnp.where(large, series, direct)
 
 
@@ -207,6 +219,26 @@ def _mean_log_odds_terms(a, b):
     inverse_terms = 0.5 / a + 0.5 / b - 1.0 / n
     deltas = _delta_prime(a) + _delta_prime(b) - 2.0 * _delta_prime(n)
     return jnp.log(a / n) + jnp.log(b / n) - inverse_terms + deltas
+
+
+@jax.custom_jvp
+def _beta_entropy(a, b):
+    """``H[Beta(a, b)] = H[logit X] + E[log X + log(1 - X)]``, elementwise."""
+    return _logit_entropy(a, b) + _mean_log_odds_terms(a, b)
+
+
+@_beta_entropy.defjvp
+def _beta_entropy_jvp(primals, tangents):
+    """``dH/da = (n - 2) trigamma(n) - (a - 1) trigamma(a)``, written with ``delta''`` so
+    that no terms of size 1 cancel: ``(a + 1) / (2 a**2) - (3 n + 2) / (2 n**2) -
+    (a - 1) delta''(a) + (n - 2) delta''(n)``; likewise for ``b``."""
+    a, b = primals
+    a_dot, b_dot = tangents
+    n = a + b
+    shared = (n - 2.0) * _delta_second(n) - (3.0 * n + 2.0) / (2.0 * n * n)
+    d_a = (a + 1.0) / (2.0 * a * a) - (a - 1.0) * _delta_second(a) + shared
+    d_b = (b + 1.0) / (2.0 * b * b) - (b - 1.0) * _delta_second(b) + shared
+    return _beta_entropy(a, b), d_a * a_dot + d_b * b_dot
 
 
 @jax.jit
@@ -1042,7 +1074,7 @@ class SquashedBeta(distrax.Transformed):
             >>> SquashedBeta(jnp.ones(2), jnp.ones(2), -1.0, 1.0).entropy()  # uniform: 2 log 2
             Array(1.3863, dtype=float32)
         """
-        per_dimension = _logit_entropy(self._a, self._b) + _mean_log_odds_terms(self._a, self._b)
+        per_dimension = _beta_entropy(self._a, self._b)
         return jnp.sum(per_dimension + self._log_range(self._a.shape, self._a.dtype), axis=-1)
 
     def mean(self) -> Float[Array, "*batch action"]:
