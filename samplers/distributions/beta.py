@@ -81,12 +81,13 @@ _BD0_CLOSE = 0.1
 _BD0_TERMS = 8
 
 
-def _stirling_split(t):
-    """Whether ``t`` takes the series, and ``t`` for each branch (a harmless value in
-    the other, so that the branch not taken keeps gradients finite)."""
+def _shifts(t):
+    """``(s, terms)``: ``s = t + m``, with ``m`` the least whole number that puts it at or
+    above the series' threshold (0 for ``t`` at or above it, where ``s`` is ``t``), and
+    ``(k < m, t + k)`` for each ``k`` that may be below ``m``."""
     threshold = _SERIES_FROM.get(jnp.finfo(t.dtype).bits, 4.0)
-    large = t >= threshold
-    return large, jnp.where(large, t, threshold), jnp.where(large, threshold, t)
+    m = jnp.maximum(jnp.ceil(threshold - t), 0.0)
+    return t + m, [(k < m, t + k) for k in range(int(threshold))]
 
 
 def _horner(coefficients, x):
@@ -97,31 +98,40 @@ def _horner(coefficients, x):
 
 
 def _delta(t):
-    """Stirling's remainder ``lgamma(t) - (t - 1/2) log t + t - log(2 pi) / 2``."""
-    large, t_large, t_small = _stirling_split(t)
-    inverse = 1.0 / t_large
-    series = inverse * _horner(_DELTA, inverse * inverse)
-    direct = special.gammaln(t_small) - (t_small - 0.5) * jnp.log(t_small) + t_small - HALF_LOG_2PI
-    return jnp.where(large, series, direct)
+    """Stirling's remainder ``lgamma(t) - (t - 1/2) log t + t - log(2 pi) / 2``.
+
+    The series at ``s``, plus ``delta(u) - delta(u + 1) = (u + 1/2) log(1 + 1/u) - 1``
+    for ``u = t, ..., s - 1`` (from ``lgamma(u + 1) = lgamma(u) + log u``), each a term
+    of size at most 1 that nothing larger cancels.
+    """
+    s, terms = _shifts(t)
+    inverse = 1.0 / s
+    steps = [jnp.where(on, (u + 0.5) * jnp.log1p(1.0 / u) - 1.0, 0.0) for on, u in terms]
+    return inverse * _horner(_DELTA, inverse * inverse) + sum(steps)
 
 
 def _delta_prime(t):
-    """``delta'(t) = digamma(t) - log t + 1 / (2 t)``."""
-    large, t_large, t_small = _stirling_split(t)
-    inverse_square = 1.0 / (t_large * t_large)
-    series = inverse_square * _horner(_DELTA_PRIME, inverse_square)
-    direct = special.digamma(t_small) - jnp.log(t_small) + 0.5 / t_small
-    return jnp.where(large, series, direct)
+    """``delta'(t) = digamma(t) - log t + 1 / (2 t)``: the series at ``s``, plus
+    ``delta'(u) - delta'(u + 1) = log(1 + 1/u) - 1 / (2 u) - 1 / (2 (u + 1))``."""
+    s, terms = _shifts(t)
+    inverse_square = 1.0 / (s * s)
+    steps = [
+        jnp.where(on, jnp.log1p(1.0 / u) - 0.5 / u - 0.5 / (u + 1.0), 0.0) for on, u in terms
+    ]
+    return inverse_square * _horner(_DELTA_PRIME, inverse_square) + sum(steps)
 
 
 def _delta_second(t):
-    """``delta''(t) = trigamma(t) - 1 / t - 1 / (2 t**2)``."""
-    large, t_large, t_small = _stirling_split(t)
-    inverse = 1.0 / t_large
+    """``delta''(t) = trigamma(t) - 1 / t - 1 / (2 t**2)``: the series at ``s``, plus
+    ``delta''(u) - delta''(u + 1) = 1 / (2 u**2) + 1 / (2 (u + 1)**2) - 1 / (u (u + 1))``."""
+    s, terms = _shifts(t)
+    inverse = 1.0 / s
     inverse_square = inverse * inverse
-    series = inverse * inverse_square * _horner(_DELTA_SECOND, inverse_square)
-    direct = special.polygamma(1, t_small) - 1.0 / t_small - 0.5 / (t_small * t_small)
-    return jnp.where(large, series, direct)
+    steps = [
+        jnp.where(on, 0.5 / (u * u) + 0.5 / ((u + 1.0) * (u + 1.0)) - 1.0 / (u * (u + 1.0)), 0.0)
+        for on, u in terms
+    ]
+    return inverse * inverse_square * _horner(_DELTA_SECOND, inverse_square) + sum(steps)
 
 
 def _bd0(k, k_plus_m, difference, log_ratio):
