@@ -14,16 +14,18 @@ import subprocess
 import sys
 import time
 import tomllib
+import types
 
 import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 import samplers
-from samplers.examples import _common, cartpole, hybrid, pendulum, pendulum_sac, tictactoe
+from samplers.examples import _common, _ppo, cartpole, hybrid, pendulum, pendulum_sac, tictactoe
 
 ROOT = pathlib.Path(__file__).parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +48,7 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     # setuptools ships every module of a package it finds.
     modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
     expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
-    expected |= {"cartpole.py", "tictactoe.py", "hybrid.py"}
+    expected |= {"_ppo.py", "cartpole.py", "tictactoe.py", "hybrid.py"}
     assert expected <= modules
 
 
@@ -200,6 +202,145 @@ def test_first_step_at_is_the_first_point_of_the_curve_at_or_above_the_threshold
     assert _common.first_step_at(log, -50.0) is None
 
 
+def test_largest_is_the_maximum_and_zero_unless_a_value_is_nan():
+    assert _ppo.largest([1e-7, 3e-7, 2e-7]) == 3e-7
+    assert _ppo.largest(iter([-1.0])) == 0.0
+    assert math.isnan(_ppo.largest([1e-7, math.nan, 3e-7]))
+    assert math.isnan(_ppo.largest([math.nan, 1e-7]))
+
+
+@pytest.mark.parametrize("example", [pendulum, cartpole, tictactoe, hybrid])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"minibatches": 0}, r"minibatches must be >= 1, got 0\."),
+        (
+            {"num_envs": 3, "rollout_length": 30, "minibatches": 4},
+            r"divisible by minibatches=4, got 3 \* 30 = 90; pick a multiple of 4 for num_envs\.",
+        ),
+    ],
+    ids=["minibatches", "divisible"],
+)
+def test_each_ppo_example_refuses_a_config_before_it_trains(example, overrides, message):
+    config = dataclasses.replace(example.Config(), **overrides)
+    with pytest.raises(ValueError, match=message):
+        example.train(config, progress=False)
+
+
+@pytest.mark.slow
+def test_tanh_mlp_starts_orthogonal_with_zero_biases_and_its_outputs_within_the_bound():
+    net = _ppo.tanh_mlp(8, 8, hidden=8, last_scale=0.01, rngs=nnx.Rngs(0))
+    layers = (net.layers[0], net.layers[2], net.layers[4])
+    assert net.layers[1] is nnx.tanh and net.layers[3] is nnx.tanh
+    for layer, scale in zip(layers, (math.sqrt(2), math.sqrt(2), 0.01), strict=True):
+        kernel = np.asarray(layer.kernel[...], np.float64)
+        np.testing.assert_allclose(kernel.T @ kernel, scale**2 * np.eye(8), atol=1e-6 * scale**2)
+        assert not np.asarray(layer.bias[...]).any()
+    obs = 100.0 * jax.random.normal(jax.random.key(1), (256, 8))
+    assert float(jnp.abs(net(obs)).max()) <= 0.01 * math.sqrt(8) * (1 + 1e-6)
+
+
+def test_ppo_loss_and_its_gradients_are_the_clipped_objective_computed_in_float64():
+    config = types.SimpleNamespace(clip_epsilon=0.2, value_weight=0.5)
+    n = 16
+    rng = np.random.default_rng(0)
+    log_prob, advantage, value, target, regularization = rng.normal(size=(5, n)).astype(np.float32)
+    # Ratios from 0.5 to 1.6: below, inside and above [0.8, 1.2], none on a bound.
+    log_likelihood = log_prob + np.log(np.linspace(0.5, 1.6, n, dtype=np.float32))
+    batch = {"log_prob": log_prob, "advantage": advantage, "target": target}
+
+    @jax.jit
+    def loss_and_grads(log_likelihood, value, regularization, batch):
+        def loss(log_likelihood, value):
+            out = samplers.StatefulModuleOutput(
+                (), {"log_likelihood": log_likelihood}, regularization, {}
+            )
+            return _ppo.ppo_loss(out, value, batch, config)
+
+        return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(log_likelihood, value)
+
+    (loss, metrics), (d_log_likelihood, d_value) = loss_and_grads(
+        log_likelihood, value, regularization, batch
+    )
+
+    log_ratio = np.float64(log_likelihood) - np.float64(log_prob)
+    ratio = np.exp(log_ratio)
+    a = np.float64(advantage)
+    a = (a - a.mean()) / (a.std() + 1e-8)
+    unclipped, clipped = ratio * a, np.clip(ratio, 0.8, 1.2) * a
+    expected = {
+        "policy_loss": -np.minimum(unclipped, clipped).mean(),
+        "value_loss": 0.5 * np.mean((np.float64(value) - np.float64(target)) ** 2),
+        "entropy_loss": np.float64(regularization).mean(),
+        "approx_kl": np.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": np.mean(np.abs(ratio - 1.0) > 0.2),
+    }
+    assert 0 < expected["clip_fraction"] < 1
+    assert metrics.keys() == expected.keys()
+    for name, want in expected.items():
+        assert float(metrics[name]) == pytest.approx(want, rel=1e-5, abs=1e-6), name
+    total = expected["policy_loss"] + 0.5 * expected["value_loss"] + expected["entropy_loss"]
+    assert float(loss) == pytest.approx(total, rel=1e-5, abs=1e-6)
+    # The ratio gets a gradient where the unclipped term is the smaller (inside the
+    # range the two are equal), -ratio * A / n; where the clipped one is, none.
+    want = np.where(unclipped <= clipped, -ratio * a / n, 0.0)
+    assert (want == 0.0).any() and (want != 0.0).any()
+    np.testing.assert_allclose(d_log_likelihood, want, rtol=1e-5, atol=1e-7)
+    want = 0.5 * (np.float64(value) - np.float64(target)) / n
+    np.testing.assert_allclose(d_value, want, rtol=1e-5, atol=1e-7)
+
+
+class _TwoScalars(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.zeros(()))
+        self.v = nnx.Param(jnp.zeros(()))
+
+
+def test_update_epochs_steps_on_every_row_once_a_pass_and_logs_the_last_pass():
+    config = types.SimpleNamespace(epochs=3, minibatches=4)
+    model = _TwoScalars()
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)))
+    x = np.random.default_rng(0).normal(size=16).astype(np.float32)
+
+    def loss_fn(model, minibatch):
+        # d/dw is the minibatch's mean of x; d/dv is 1, so v counts the steps.
+        return (model.w * minibatch["x"]).mean() + model.v, {"v": model.v[...]}
+
+    @jax.jit
+    def update(state, batch, key):
+        return _ppo.update_epochs(loss_fn, graphdef, state, batch, key, config)
+
+    state, metrics = update(state, {"x": x}, jax.random.key(1))
+    model, _ = nnx.merge(graphdef, state)
+    # 12 steps of 0.5; in the last pass v was -4, -4.5, -5 and -5.5 before its steps.
+    assert float(model.v[...]) == -6.0
+    assert float(metrics["v"]) == -4.75
+    # Each pass's 4 minibatch means sum to 4 mean(x) only if every row is in one of them.
+    assert float(model.w[...]) == pytest.approx(-0.5 * 3 * 4 * float(x.mean()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_ppo_optimizer_clips_the_gradient_and_its_rate_falls_to_zero_over_the_run():
+    config = types.SimpleNamespace(learning_rate=1.0, max_grad_norm=5e-5, epochs=1, minibatches=2)
+    model = _TwoScalars()
+    optimizer = _ppo.ppo_optimizer(model, config, iterations=1)
+
+    @nnx.jit
+    def step(model, optimizer):
+        # A gradient of global norm 50, clipped to (3e-5, 4e-5).
+        optimizer.update(model, nnx.grad(lambda model: 30.0 * model.w + 40.0 * model.v)(model))
+
+    params = []
+    for _ in range(3):
+        step(model, optimizer)
+        params.append((float(model.w[...]), float(model.v[...])))
+    # Adam moves each parameter by rate * g / (|g| + 1e-5) under a constant gradient
+    # (up to the rounding of its float32 constants), the rate 1, then 0.5, then 0: the
+    # run is 2 updates. Unclipped, g / (|g| + 1e-5) would be 30 / 30.00001 ~ 1.
+    unit = np.array([0.75, 0.8])
+    np.testing.assert_allclose(params, -np.outer([1.0, 1.5, 1.5], unit), rtol=1e-4)
+
+
 class _ConstantPolicy(nnx.Module):
     """A head on the same ``[mean | raw_std]`` in every state."""
 
@@ -339,15 +480,19 @@ def test_pendulum_sac_actor_gradient_reaches_the_network_through_the_sampled_tor
 
 def test_pendulum_sac_stores_the_observation_before_the_reset_and_not_the_time_limit():
     env, params = gymnax.make("Pendulum-v1")
-    obs, state = env.reset(jax.random.key(0), params)
-    state = state.replace(time=params.max_steps_in_episode - 1)
-    torque = jnp.array([0.5])
-    next_obs, _, reward, _, _, info = env.step(jax.random.key(1), state, torque, params)
-    stored = pendulum_sac.transitions(obs, torque, reward, info)
 
+    # One program, compiled once, as the example's training step runs it.
+    @jax.jit
+    def last_step(torque):
+        obs, state = env.reset(jax.random.key(0), params)
+        state = state.replace(time=params.max_steps_in_episode - 1)
+        next_obs, _, reward, _, _, info = env.step(jax.random.key(1), state, torque, params)
+        return next_obs, info, pendulum_sac.transitions(obs, torque, reward, info)
+
+    next_obs, info, stored = last_step(jnp.array([0.5]))
     # The step hit the time limit, so gymnax returned the next episode's first observation.
-    assert bool(info["truncated"]) and not jnp.allclose(next_obs, info["final_observation"])
-    assert jnp.array_equal(stored["next_obs"], info["final_observation"])
+    assert bool(info["truncated"]) and not np.allclose(next_obs, info["final_observation"])
+    assert np.array_equal(stored["next_obs"], info["final_observation"])
     assert stored["terminated"] == 0.0
 
 
@@ -593,20 +738,22 @@ def test_cartpole_default_config_reaches_the_maximum_return(tmp_path):
 
 
 def test_reach_moves_by_direction_and_distance_clips_to_the_line_and_ends_after_16_steps():
+    # Jitted as the example runs it (and compiled once, not op by op).
+    step = jax.jit(hybrid.step)
     state = hybrid.Reach(jnp.float32(0.9), jnp.float32(-0.5), jnp.int32(0))
     # Right by 0.5 * 0.4 = 0.2 from 0.9 is clipped to the end of the line.
-    obs, state, reward, done = hybrid.step(state, {"direction": 2, "distance": jnp.array([0.4])})
+    obs, state, reward, done = step(state, {"direction": 2, "distance": jnp.array([0.4])})
     assert float(state.position) == 1.0 and float(reward) == -1.5 and not bool(done)
     assert obs.tolist() == pytest.approx([1.0, -0.5, -1.5, 15 / 16])
     # Left by the most a step allows, then staying: the distance does not matter.
-    _, state, reward, _ = hybrid.step(state, {"direction": 0, "distance": jnp.array([1.0])})
+    _, state, reward, _ = step(state, {"direction": 0, "distance": jnp.array([1.0])})
     assert float(state.position) == 0.5 and float(reward) == -1.0
-    _, state, _, _ = hybrid.step(state, {"direction": 1, "distance": jnp.array([1.0])})
+    _, state, _, _ = step(state, {"direction": 1, "distance": jnp.array([1.0])})
     assert float(state.position) == 0.5
     for _ in range(12):
-        _, state, _, done = hybrid.step(state, {"direction": 1, "distance": jnp.array([0.0])})
+        _, state, _, done = step(state, {"direction": 1, "distance": jnp.array([0.0])})
     assert int(state.time) == 15 and not bool(done)
-    _, state, _, done = hybrid.step(state, {"direction": 1, "distance": jnp.array([0.0])})
+    _, state, _, done = step(state, {"direction": 1, "distance": jnp.array([0.0])})
     assert bool(done)
     # The hand-written policy moves exactly onto a target within reach.
     action = hybrid.straight_to_target(hybrid.observe(hybrid.Reach(0.0, -0.3, 0)))

@@ -1,9 +1,10 @@
 """What the examples share: the task, the training loop, evaluation, the figure.
 
-``pendulum`` (PPO), ``pendulum_sac`` (SAC) and ``cartpole`` (PPO, discrete) keep
-only their algorithm; the progress bar, the deterministic-versus-random evaluation,
-the figure's learning curve, the command line and the printed summary live here,
-once, with the Pendulum task's observation scaling and torque panels.
+``pendulum``, ``cartpole``, ``tictactoe`` and ``hybrid`` (PPO) and ``pendulum_sac``
+(SAC) keep only their algorithm; the progress bar, the deterministic-versus-random
+evaluation, the figure's learning curve, the command line and the printed summary
+live here, once, with the Pendulum task's observation scaling and torque panels.
+The parts of PPO that the four PPO examples share are in ``_ppo``.
 """
 
 import argparse
@@ -131,29 +132,6 @@ def run(
             )
     train_s = time.perf_counter() - start
     return Run(state, history, curve_steps, curve_returns, compile_s, train_s)
-
-
-def gae(reward, value, next_value, done, terminated, gamma: float, gae_lambda: float):
-    """Generalised advantage estimates over a ``[T, N]`` rollout.
-
-    ``next_value`` is the value of the observation each step led to, before any
-    automatic reset, so an episode cut by a time limit (``done`` but not
-    ``terminated``) still bootstraps from where it stopped; a termination zeroes
-    it, and ``done`` stops the sum from running into the next episode.
-    """
-    not_terminated = 1.0 - terminated.astype(value.dtype)
-    not_done = 1.0 - done.astype(value.dtype)
-    delta = reward + gamma * not_terminated * next_value - value
-
-    def backward(advantage, step):
-        delta_t, not_done_t = step
-        advantage = delta_t + gamma * gae_lambda * not_done_t * advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        backward, jnp.zeros_like(value[0]), (delta, not_done), reverse=True
-    )
-    return advantages
 
 
 def first_step_at(log: dict, threshold: float) -> int | None:

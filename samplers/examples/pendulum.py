@@ -32,7 +32,6 @@ apply.
 
 import argparse
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
@@ -40,11 +39,10 @@ import distrax
 import gymnax
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 import samplers
-from samplers.examples import _common
+from samplers.examples import _common, _ppo
 
 BIJECTORS = ("tanh-bounds", "tanh", "identity")
 HEADS = ("squashed-normal", "beta")
@@ -93,20 +91,10 @@ class ActorCritic(nnx.Module):
     """
 
     def __init__(self, head: Head, hidden: int, rngs: nnx.Rngs):
-        def mlp(out: int, last_scale: float) -> nnx.Sequential:
-            init = nnx.initializers.orthogonal
-            return nnx.Sequential(
-                nnx.Linear(3, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
-                nnx.tanh,
-                nnx.Linear(hidden, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
-                nnx.tanh,
-                nnx.Linear(hidden, out, kernel_init=init(last_scale), rngs=rngs),
-            )
-
         # A small last layer starts the policy at mean 0 and std softplus(0) ~ 0.69
         # in every state, whatever the observation.
-        self.actor = mlp(2, 0.01)
-        self.critic = mlp(1, 1.0)
+        self.actor = _ppo.tanh_mlp(3, 2, hidden=hidden, last_scale=0.01, rngs=rngs)
+        self.critic = _ppo.tanh_mlp(3, 1, hidden=hidden, last_scale=1.0, rngs=rngs)
         self.head = head
 
     def policy(self, obs: jax.Array, pre_image: jax.Array | None = None):
@@ -191,7 +179,6 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
     env, env_params = gymnax.make("Pendulum-v1")
     step_envs = jax.vmap(env.step, in_axes=(0, 0, 0, None))
     batch_size = config.num_envs * config.rollout_length
-    minibatch_size = batch_size // config.minibatches
 
     def rollout(model, runner):
         model_def, model_state = nnx.split(model)
@@ -233,38 +220,7 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
     def loss_fn(model, batch):
         # Replay: the head scores the stored pre-image under the current weights.
         out = model.policy(batch["obs"], batch["pre_image"])
-        log_ratio = out.output["log_likelihood"] - batch["log_prob"]
-        ratio = jnp.exp(log_ratio)
-        advantage = batch["advantage"]
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        clipped = jnp.clip(ratio, 1.0 - config.clip_epsilon, 1.0 + config.clip_epsilon)
-        policy_loss = -jnp.minimum(ratio * advantage, clipped * advantage).mean()
-        value_loss = 0.5 * jnp.square(model.value(batch["obs"]) - batch["target"]).mean()
-        entropy_loss = out.regularization_loss.mean()
-        loss = policy_loss + config.value_weight * value_loss + entropy_loss
-        metrics = {
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-            "clip_fraction": (jnp.abs(ratio - 1.0) > config.clip_epsilon).mean(),
-        }
-        return loss, metrics
-
-    def update_minibatch(state, minibatch):
-        model, optimizer = nnx.merge(graphdef, state)
-        grads, metrics = nnx.grad(loss_fn, has_aux=True)(model, minibatch)
-        optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), metrics
-
-    def update_epoch(carry, _):
-        state, batch, key = carry
-        key, shuffle_key = jax.random.split(key)
-        order = jax.random.permutation(shuffle_key, batch_size)
-        minibatches = jax.tree.map(
-            lambda x: x[order].reshape(config.minibatches, minibatch_size, *x.shape[1:]), batch
-        )
-        state, metrics = jax.lax.scan(update_minibatch, state, minibatches)
-        return (state, batch, key), jax.tree.map(jnp.mean, metrics)
+        return _ppo.ppo_loss(out, model.value(batch["obs"]), batch, config)
 
     @jax.jit
     def train_step(state, runner):
@@ -277,7 +233,7 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
         value = model.value(trajectory["obs"])
         next_value = model.value(trajectory["final_obs"])
         reward = config.reward_scale * trajectory["reward"]
-        advantage = _common.gae(
+        advantage = _ppo.gae(
             reward,
             value,
             next_value,
@@ -300,10 +256,9 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
         ratio_error = jnp.abs(
             jnp.exp(replay.output["log_likelihood"] - batch["log_prob"]) - 1.0
         ).max()
-        (state, _, _), metrics = jax.lax.scan(
-            update_epoch, (nnx.state((model, optimizer)), batch, epoch_key), length=config.epochs
+        state, metrics = _ppo.update_epochs(
+            loss_fn, graphdef, nnx.state((model, optimizer)), batch, epoch_key, config
         )
-        metrics = jax.tree.map(lambda x: x[-1], metrics)
         metrics |= {
             "replay_ratio_error": ratio_error,
             "episodes": trajectory["done"].sum(),
@@ -314,19 +269,6 @@ def make_train_step(config: Config, graphdef, torque_scale: float):
         return state, runner, metrics
 
     return train_step
-
-
-def _check(config: Config) -> None:
-    for name in ("total_steps", "num_envs", "rollout_length", "eval_episodes"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}.")
-    batch_size = config.num_envs * config.rollout_length
-    if batch_size % config.minibatches:
-        raise ValueError(
-            f"num_envs * rollout_length must be divisible by minibatches={config.minibatches}, "
-            f"got {config.num_envs} * {config.rollout_length} = {batch_size}; "
-            f"pick a multiple of {config.minibatches} for num_envs."
-        )
 
 
 def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float, dict]:
@@ -343,7 +285,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float,
         ``|ratio - 1|`` of the replay before each iteration's first update, over
         all iterations), the timings and the last iteration's losses.
     """
-    _check(config)
+    _ppo.check_ppo_config(config)
     key = jax.random.key(config.seed)
     head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
     head, torque_scale = make_head(
@@ -353,13 +295,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float,
 
     steps_per_iteration = config.num_envs * config.rollout_length
     iterations = max(1, config.total_steps // steps_per_iteration)
-    schedule = optax.linear_schedule(
-        config.learning_rate, 0.0, iterations * config.epochs * config.minibatches
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm), optax.adam(schedule, eps=1e-5)
-    )
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    optimizer = _ppo.ppo_optimizer(model, config, iterations)
     graphdef, state = nnx.split((model, optimizer))
 
     obs, env_state = _common.reset(env_key, config.num_envs)
@@ -380,10 +316,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, float,
         "iterations": iterations,
         "curve_steps": run.curve_steps,
         "curve_returns": run.curve_returns,
-        # A NaN error must not hide behind the maximum (max(0.0, nan) is 0.0).
-        "replay_ratio_error": math.nan
-        if any(math.isnan(m["replay_ratio_error"]) for m in run.history)
-        else max(0.0, *(m["replay_ratio_error"] for m in run.history)),
+        "replay_ratio_error": _ppo.largest(m["replay_ratio_error"] for m in run.history),
         "final_sigma": run.history[-1]["sigma"],
         "compile_s": run.compile_s,
         "train_s": run.train_s,

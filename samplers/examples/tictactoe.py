@@ -25,7 +25,6 @@ one first, with the same seed, and draws them in one figure.
 
 import argparse
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,12 +32,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pgx
 from flax import nnx
 
 import samplers
-from samplers.examples import _common
+from samplers.examples import _common, _ppo
 
 AGENT = 0  # the agent's pgx player id; the opponent is player 1
 NUM_CELLS = 9
@@ -156,19 +154,9 @@ class ActorCritic(nnx.Module):
     """
 
     def __init__(self, head: samplers.CategoricalSampler, hidden: int, rngs: nnx.Rngs):
-        def mlp(out: int, last_scale: float) -> nnx.Sequential:
-            init = nnx.initializers.orthogonal
-            return nnx.Sequential(
-                nnx.Linear(18, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
-                nnx.tanh,
-                nnx.Linear(hidden, hidden, kernel_init=init(math.sqrt(2)), rngs=rngs),
-                nnx.tanh,
-                nnx.Linear(hidden, out, kernel_init=init(last_scale), rngs=rngs),
-            )
-
         # A small last layer starts the policy near uniform over the 9 cells.
-        self.actor = mlp(head.num_params, 0.01)
-        self.critic = mlp(1, 1.0)
+        self.actor = _ppo.tanh_mlp(18, head.num_params, hidden=hidden, last_scale=0.01, rngs=rngs)
+        self.critic = _ppo.tanh_mlp(18, 1, hidden=hidden, last_scale=1.0, rngs=rngs)
         self.head = head
 
     def policy(self, obs, mask, action=None, *, deterministic: bool | None = None):
@@ -188,7 +176,6 @@ def make_train_step(config: Config, graphdef):
     moves in every game and runs the PPO epochs.
     """
     batch_size = config.num_envs * config.rollout_length
-    minibatch_size = batch_size // config.minibatches
 
     def mask_of(legal):
         return legal if config.mask else None
@@ -234,40 +221,9 @@ def make_train_step(config: Config, graphdef):
         # Replay: the head scores the stored move under the current weights and the
         # mask stored with it.
         out = model.policy(batch["obs"], mask_of(batch["legal"]), batch["action"])
-        log_ratio = out.output["log_likelihood"] - batch["log_prob"]
-        ratio = jnp.exp(log_ratio)
-        advantage = batch["advantage"]
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        clipped = jnp.clip(ratio, 1.0 - config.clip_epsilon, 1.0 + config.clip_epsilon)
-        policy_loss = -jnp.minimum(ratio * advantage, clipped * advantage).mean()
-        value_loss = 0.5 * jnp.square(model.value(batch["obs"]) - batch["target"]).mean()
-        # -entropy_weight * entropy, over the allowed moves when masked.
-        entropy_loss = out.regularization_loss.mean()
-        loss = policy_loss + config.value_weight * value_loss + entropy_loss
-        metrics = {
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "entropy_loss": entropy_loss,
-            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-            "clip_fraction": (jnp.abs(ratio - 1.0) > config.clip_epsilon).mean(),
-        }
-        return loss, metrics
-
-    def update_minibatch(state, minibatch):
-        model, optimizer = nnx.merge(graphdef, state)
-        grads, metrics = nnx.grad(loss_fn, has_aux=True)(model, minibatch)
-        optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), metrics
-
-    def update_epoch(carry, _):
-        state, batch, key = carry
-        key, shuffle_key = jax.random.split(key)
-        order = jax.random.permutation(shuffle_key, batch_size)
-        minibatches = jax.tree.map(
-            lambda x: x[order].reshape(config.minibatches, minibatch_size, *x.shape[1:]), batch
-        )
-        state, metrics = jax.lax.scan(update_minibatch, state, minibatches)
-        return (state, batch, key), jax.tree.map(jnp.mean, metrics)
+        # The entropy term is the head's regularization_loss, -entropy_weight times
+        # the entropy over the allowed moves when masked.
+        return _ppo.ppo_loss(out, model.value(batch["obs"]), batch, config)
 
     @jax.jit
     def train_step(state, runner):
@@ -282,7 +238,7 @@ def make_train_step(config: Config, graphdef):
         # finished game is the new game's, and the finished one bootstraps from nothing.
         next_value = jnp.concatenate([value[1:], last_value[None]])
         done = trajectory["done"]
-        advantage = _common.gae(
+        advantage = _ppo.gae(
             trajectory["reward"], value, next_value, done, done, config.gamma, config.gae_lambda
         )
         batch = {
@@ -312,10 +268,9 @@ def make_train_step(config: Config, graphdef):
         batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
         _, flat = replay(model_state, (batch["obs"], batch["legal"], batch["action"]))
         flat_error = jnp.abs(jnp.exp(flat - batch["log_prob"]) - 1.0)
-        (state, _, _), metrics = jax.lax.scan(
-            update_epoch, (nnx.state((model, optimizer)), batch, epoch_key), length=config.epochs
+        state, metrics = _ppo.update_epochs(
+            loss_fn, graphdef, nnx.state((model, optimizer)), batch, epoch_key, config
         )
-        metrics = jax.tree.map(lambda x: x[-1], metrics)
         metrics |= {
             "replay_ratio_error": ratio_error.max(),
             "minibatch_ratio_error": flat_error.max(),
@@ -328,19 +283,6 @@ def make_train_step(config: Config, graphdef):
         return state, (games, key, episode_return), metrics
 
     return train_step
-
-
-def _check(config: Config) -> None:
-    for name in ("total_steps", "num_envs", "rollout_length", "eval_episodes", "minibatches"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}.")
-    batch_size = config.num_envs * config.rollout_length
-    if batch_size % config.minibatches:
-        raise ValueError(
-            f"num_envs * rollout_length must be divisible by minibatches={config.minibatches}, "
-            f"got {config.num_envs} * {config.rollout_length} = {batch_size}; "
-            f"pick a multiple of {config.minibatches} for num_envs."
-        )
 
 
 def _label(config: Config) -> str:
@@ -365,7 +307,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
         ``minibatch_ratio_error`` (the same for the whole batch at once), the
         timings and the last iteration's losses.
     """
-    _check(config)
+    _ppo.check_ppo_config(config)
     key = jax.random.key(config.seed)
     head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
     head = samplers.CategoricalSampler(nnx.Rngs(head_key), config.entropy_weight, NUM_CELLS)
@@ -373,13 +315,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
 
     steps_per_iteration = config.num_envs * config.rollout_length
     iterations = max(1, config.total_steps // steps_per_iteration)
-    schedule = optax.linear_schedule(
-        config.learning_rate, 0.0, iterations * config.epochs * config.minibatches
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm), optax.adam(schedule, eps=1e-5)
-    )
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    optimizer = _ppo.ppo_optimizer(model, config, iterations)
     graphdef, state = nnx.split((model, optimizer))
 
     games = jax.vmap(new_game)(jax.random.split(env_key, config.num_envs))
@@ -396,12 +332,6 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
         progress=progress,
     )
     model, _ = nnx.merge(graphdef, run.state)
-
-    def largest(name):
-        errors = [m[name] for m in run.history]
-        # A NaN error must not hide behind the maximum (max(0.0, nan) is 0.0).
-        return math.nan if any(math.isnan(e) for e in errors) else max(0.0, *errors)
-
     log = {
         "steps": iterations * steps_per_iteration,
         "iterations": iterations,
@@ -411,8 +341,8 @@ def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
         "masked_probability": [m["masked_probability"] for m in run.history],
         "illegal_fraction": [m["illegal_fraction"] for m in run.history],
         "illegal_moves": int(sum(m["illegal_moves"] for m in run.history)),
-        "replay_ratio_error": largest("replay_ratio_error"),
-        "minibatch_ratio_error": largest("minibatch_ratio_error"),
+        "replay_ratio_error": _ppo.largest(m["replay_ratio_error"] for m in run.history),
+        "minibatch_ratio_error": _ppo.largest(m["minibatch_ratio_error"] for m in run.history),
         "compile_s": run.compile_s,
         "train_s": run.train_s,
         "steps_per_second": iterations * steps_per_iteration / run.train_s,
