@@ -13,9 +13,7 @@ of arrays and keys only; a sample's pre-image is remembered by the array's ident
 as :class:`samplers.SquashedNormal` does.
 """
 
-import functools
-from collections.abc import Callable, Sequence
-from fractions import Fraction
+from collections.abc import Sequence
 from typing import Any, cast
 
 import distrax
@@ -27,8 +25,8 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
-from samplers._numerics import HALF_LOG_2PI, softplus
-from samplers.distributions import _pre_images, _squashed
+from samplers._numerics import softplus
+from samplers.distributions import _beta_math, _pre_images, _squashed
 from samplers.distributions.bijectors import (
     BoundedTanh,
     Sigmoid,
@@ -42,431 +40,6 @@ tfd = tfp.distributions
 _Int = int | np.int16 | np.int32 | np.int64
 _Seed = _Int | PRNGKeyArray
 _SampleShape = _Int | Sequence[_Int]
-
-# ---------------------------------------------------------------------------------
-# Numerics. The log-density, entropy and KL of a Beta are differences of terms that
-# grow like a * log(a) (a log x, log B(a, b), a digamma(a)) and nearly cancel for large
-# concentrations: in float32, log B(1e4, 1e4) alone is 2e-3 off. They are
-# written here in Loader's saddle-point form instead: with n = a + b,
-#   log B(a, b) = a log(a / n) + b log(b / n) + log(2 pi n / (a b)) / 2
-#                 + delta(a) + delta(b) - delta(n),
-# delta(t) = lgamma(t) - (t - 1/2) log t + t - log(2 pi) / 2 (Stirling's remainder,
-# ~ 1 / (12 t)), and the parts that cancel become bd0(k, m) = k log(k / m) + m - k,
-# computed by a series where k and m are close. Their error is then that of rounding
-# the inputs (tests/test_beta.py checks it against mpmath).
-
-# B_2, B_4, ..., B_20: Stirling's series for delta and its derivative.
-_BERNOULLI = (
-    Fraction(1, 6),
-    Fraction(-1, 30),
-    Fraction(1, 42),
-    Fraction(-1, 30),
-    Fraction(5, 66),
-    Fraction(-691, 2730),
-    Fraction(7, 6),
-    Fraction(-3617, 510),
-    Fraction(43867, 798),
-    Fraction(-174611, 330),
-)
-# delta(t) = sum B_2k / (2k (2k - 1) t**(2k - 1)); delta'(t) = -sum B_2k / (2k t**2k).
-_DELTA = tuple(float(b / (2 * k * (2 * k - 1))) for k, b in enumerate(_BERNOULLI, 1))
-_DELTA_PRIME = tuple(float(-b / (2 * k)) for k, b in enumerate(_BERNOULLI, 1))
-# delta''(t) = sum B_2k / t**(2k + 1).
-_DELTA_SECOND = tuple(float(b) for b in _BERNOULLI)
-# Where the series takes over from lgamma and digamma: its first omitted term is below
-# 1e-17 at t = 8 and 3e-11 at t = 4, under the rounding of the dtype.
-_SERIES_FROM = {64: 8.0, 32: 4.0}
-# bd0's series in v = (k - m) / (k + m) for |v| < 0.1: 8 terms leave under 0.1**18.
-_BD0_CLOSE = 0.1
-_BD0_TERMS = 8
-
-
-def _shifts(t):
-    """``(s, terms)``: ``s = t + m``, with ``m`` the least whole number that puts it at or
-    above the series' threshold (0 for ``t`` at or above it, where ``s`` is ``t``), and
-    ``(k < m, t + k)`` for each ``k`` that may be below ``m``."""
-    threshold = _SERIES_FROM.get(jnp.finfo(t.dtype).bits, 4.0)
-    m = jnp.maximum(jnp.ceil(threshold - t), 0.0)
-    return t + m, [(k < m, t + k) for k in range(int(threshold))]
-
-
-def _horner(coefficients, x):
-    value = jnp.zeros_like(x)
-    for c in reversed(coefficients):
-        value = value * x + c
-    return value
-
-
-def _delta(t):
-    """Stirling's remainder ``lgamma(t) - (t - 1/2) log t + t - log(2 pi) / 2``.
-
-    The series at ``s``, plus ``delta(u) - delta(u + 1) = (u + 1/2) log(1 + 1/u) - 1``
-    for ``u = t, ..., s - 1`` (from ``lgamma(u + 1) = lgamma(u) + log u``), each a term
-    of size at most 1 that nothing larger cancels.
-    """
-    s, terms = _shifts(t)
-    inverse = 1.0 / s
-    steps = [jnp.where(on, (u + 0.5) * jnp.log1p(1.0 / u) - 1.0, 0.0) for on, u in terms]
-    return inverse * _horner(_DELTA, inverse * inverse) + sum(steps)
-
-
-def _delta_prime(t):
-    """``delta'(t) = digamma(t) - log t + 1 / (2 t)``: the series at ``s``, plus
-    ``delta'(u) - delta'(u + 1) = log(1 + 1/u) - 1 / (2 u) - 1 / (2 (u + 1))``."""
-    s, terms = _shifts(t)
-    inverse_square = 1.0 / (s * s)
-    steps = [
-        jnp.where(on, jnp.log1p(1.0 / u) - 0.5 / u - 0.5 / (u + 1.0), 0.0) for on, u in terms
-    ]
-    return inverse_square * _horner(_DELTA_PRIME, inverse_square) + sum(steps)
-
-
-def _delta_second(t):
-    """``delta''(t) = trigamma(t) - 1 / t - 1 / (2 t**2)``: the series at ``s``, plus
-    ``delta''(u) - delta''(u + 1) = 1 / (2 u**2) + 1 / (2 (u + 1)**2) - 1 / (u (u + 1))``."""
-    s, terms = _shifts(t)
-    inverse = 1.0 / s
-    inverse_square = inverse * inverse
-    steps = [
-        jnp.where(on, 0.5 / (u * u) + 0.5 / ((u + 1.0) * (u + 1.0)) - 1.0 / (u * (u + 1.0)), 0.0)
-        for on, u in terms
-    ]
-    return inverse * inverse_square * _horner(_DELTA_SECOND, inverse_square) + sum(steps)
-
-
-def _bd0(k, k_plus_m, difference, log_ratio):
-    """``k log(k / m) + m - k`` and ``log(k / m)``, from ``k``, ``k + m``, ``k - m`` and
-    ``log(k / m)`` (the last used where ``k`` and ``m`` are far apart).
-
-    Where ``|k - m| < 0.1 (k + m)``, Loader's series in ``v = (k - m) / (k + m)``,
-    ``(k - m) v + 2 k (v**3 / 3 + v**5 / 5 + ...)``, and ``log(k / m) = 2 atanh(v)``,
-    which keep the relative accuracy of ``k - m``; elsewhere the definitions, where
-    nothing cancels badly.
-    """
-    v = difference / k_plus_m
-    close = jnp.abs(v) < _BD0_CLOSE
-    v = jnp.where(close, v, 0.0)
-    square = v * v
-    series = difference * v + 2.0 * k * v * square * _horner(
-        tuple(1.0 / (2 * j + 3) for j in range(_BD0_TERMS)), square
-    )
-    bd0 = jnp.where(close, series, k * log_ratio - difference)
-    return bd0, jnp.where(close, 2.0 * jnp.arctanh(v), log_ratio)
-
-
-def _log_density_terms(a, b, z):
-    """``log p(z)`` and the pieces its derivatives are made of.
-
-    ``a log x + b log y - log B(a, b)`` with ``x = sigmoid(z)``, ``y = sigmoid(-z)``,
-    in Loader's form: ``-bd0(a, n x) - bd0(b, n y) + log(a b / (2 pi n)) / 2 +
-    delta(n) - delta(a) - delta(b)``, with ``a - n x = n (a / n - x)`` taken from
-    whichever of ``x`` and ``y`` is small.
-
-    Returns:
-        ``(log p, log(a / (n x)), log(b / (n y)), a - n x)``.
-    """
-    n = a + b
-    p, q = a / n, b / n
-    x, y = jax.nn.sigmoid(z), jax.nn.sigmoid(-z)
-    difference = n * jnp.where(p <= q, p - x, y - q)  # a - n x = -(b - n y)
-    log_p, log_q = jnp.log(p), jnp.log(q)
-    bd0_a, ratio_a = _bd0(a, a + n * x, difference, log_p + softplus(-z))
-    bd0_b, ratio_b = _bd0(b, b + n * y, -difference, log_q + softplus(z))
-    log_scale = 0.5 * (log_p + log_q + jnp.log(n)) - HALF_LOG_2PI
-    value = log_scale - bd0_a - bd0_b + _delta(n) - _delta(a) - _delta(b)
-    return value, ratio_a, ratio_b, difference
-
-
-def _log_density_and_slopes(a, b, z):
-    """``log p(z)`` and its derivatives in ``a``, ``b`` and ``z``, in the same form:
-    ``d/dz = a - n x``, ``d/da = log x - digamma(a) + digamma(n) = -log(a / (n x)) +
-    b / (2 a n) + delta'(n) - delta'(a)``, and likewise for ``b``."""
-    value, ratio_a, ratio_b, difference = _log_density_terms(a, b, z)
-    n = a + b
-    delta_prime_n = _delta_prime(n)
-    d_a = -ratio_a + 0.5 * (b / n) / a + delta_prime_n - _delta_prime(a)
-    d_b = -ratio_b + 0.5 * (a / n) / b + delta_prime_n - _delta_prime(b)
-    return value, d_a, d_b, difference
-
-
-@jax.custom_jvp
-def _log_density_kernel(a, b, z):
-    return _log_density_terms(a, b, z)[0]
-
-
-@_log_density_kernel.defjvp
-def _log_density_jvp(primals, tangents):
-    value, d_a, d_b, d_z = _log_density_and_slopes(*primals)
-    a_dot, b_dot, z_dot = tangents
-    return value, d_a * a_dot + d_b * b_dot + d_z * z_dot
-
-
-@jax.jit
-def _log_density(a, b, z):
-    """``log p(z)`` of ``z = logit(X)``, ``X ~ Beta(a, b)``, elementwise, all of one shape
-    (see :func:`_log_density_terms`)."""
-    return _log_density_kernel(a, b, z)
-
-
-def _stirling_excess(t):
-    """``delta(t) - t delta'(t)``: ``lgamma(t) - t digamma(t) + t`` less its large terms."""
-    return _delta(t) - t * _delta_prime(t)
-
-
-@jax.jit
-def _logit_entropy(a, b):
-    """``H[logit X] = log B(a, b) - a digamma(a) - b digamma(b) + n digamma(n)``."""
-    n = a + b
-    log_ratio = jnp.log(n) - jnp.log(a) - jnp.log(b)
-    excess = _stirling_excess(a) + _stirling_excess(b) - _stirling_excess(n)
-    return 0.5 + HALF_LOG_2PI + 0.5 * log_ratio + excess
-
-
-@jax.jit
-def _mean_log_odds_terms(a, b):
-    """``E[log X + log(1 - X)] = digamma(a) + digamma(b) - 2 digamma(n)``."""
-    n = a + b
-    inverse_terms = 0.5 / a + 0.5 / b - 1.0 / n
-    deltas = _delta_prime(a) + _delta_prime(b) - 2.0 * _delta_prime(n)
-    return jnp.log(a / n) + jnp.log(b / n) - inverse_terms + deltas
-
-
-@jax.custom_jvp
-def _beta_entropy(a, b):
-    """``H[Beta(a, b)] = H[logit X] + E[log X + log(1 - X)]``, elementwise."""
-    return _logit_entropy(a, b) + _mean_log_odds_terms(a, b)
-
-
-@_beta_entropy.defjvp
-def _beta_entropy_jvp(primals, tangents):
-    """``dH/da = (n - 2) trigamma(n) - (a - 1) trigamma(a)``, written with ``delta''`` so
-    that no terms of size 1 cancel: ``(a + 1) / (2 a**2) - (3 n + 2) / (2 n**2) -
-    (a - 1) delta''(a) + (n - 2) delta''(n)``; likewise for ``b``."""
-    a, b = primals
-    a_dot, b_dot = tangents
-    n = a + b
-    shared = (n - 2.0) * _delta_second(n) - (3.0 * n + 2.0) / (2.0 * n * n)
-    d_a = (a + 1.0) / (2.0 * a * a) - (a - 1.0) * _delta_second(a) + shared
-    d_b = (b + 1.0) / (2.0 * b * b) - (b - 1.0) * _delta_second(b) + shared
-    return _beta_entropy(a, b), d_a * a_dot + d_b * b_dot
-
-
-@jax.jit
-def _kl(a1, b1, a2, b2):
-    """``KL(Beta(a1, b1) || Beta(a2, b2))`` elementwise, in Loader's form.
-
-    ``(a1 - a2)(digamma(a1) - digamma(n1)) + (b1 - b2)(digamma(b1) - digamma(n1)) +
-    log B(a2, b2) - log B(a1, b1)``, rewritten so that nothing of size ``a log a``
-    cancels: exactly 0 for equal parameters.
-    """
-    n1, n2 = a1 + b1, a2 + b2
-    difference = (a2 * b1 - a1 * b2) / n1  # a2 - n2 a1 / n1 = -(b2 - n2 b1 / n1)
-    log_n = jnp.log(n1) - jnp.log(n2)
-    bd0_a = _bd0(a2, a2 + n2 * a1 / n1, difference, jnp.log(a2) - jnp.log(a1) + log_n)[0]
-    bd0_b = _bd0(b2, b2 + n2 * b1 / n1, -difference, jnp.log(b2) - jnp.log(b1) + log_n)[0]
-    da, db = a1 - a2, b1 - b2
-    log_scales = 0.5 * (jnp.log1p(da / a2) + jnp.log1p(db / b2) - jnp.log1p((da + db) / n2))
-    inverse_terms = -da * b1 / (2.0 * a1 * n1) - db * a1 / (2.0 * b1 * n1)
-    delta_prime_n = _delta_prime(n1)
-    slopes = da * (_delta_prime(a1) - delta_prime_n) + db * (_delta_prime(b1) - delta_prime_n)
-    deltas = (_delta(a2) - _delta(a1)) + (_delta(b2) - _delta(b1)) - (_delta(n2) - _delta(n1))
-    return bd0_a + bd0_b + log_scales + inverse_terms + slopes + deltas
-
-
-# The pathwise derivative of a Gamma sample, d log G / d a = -(dP(a, x)/da) / (x p(x; a))
-# (implicit reparameterisation). jax.random.loggamma's own derivative evaluates it at
-# exp(log G), which underflows for small concentrations (log G ~ -188 at a = 0.01) and
-# is then taken at the smallest normal float instead. Below x = 1 it is computed here
-# from P(a, x) = x**a / Gamma(a) * sum_k (-x)**k / (k! (a + k)) in log space:
-#   d log G / d a = -exp(x) ((log x - digamma(a + 1)) S + T / a),
-#   S = sum_k (-x)**k / (k! (a + k)),  T = sum_{k >= 1} (-x)**k / ((k - 1)! (a + k)**2),
-# (20 terms leave under 1 / 20! for x < 1); above, jax.lax.random_gamma_grad / x.
-_GAMMA_SERIES_TERMS = 20
-
-
-def _log_gamma_slope(a, log_x):
-    """``d log G / d a`` of a ``Gamma(a)`` sample ``G = exp(log_x)``, elementwise."""
-    small = log_x < 0
-    x = jnp.exp(jnp.where(small, log_x, 0.0))
-    term = jnp.ones_like(x)
-    s, t = 1.0 / a, jnp.zeros_like(x)
-    for k in range(1, _GAMMA_SERIES_TERMS):
-        term = term * (-x) / k
-        s = s + term / (a + k)
-        t = t + term * k / jnp.square(a + k)
-    small_slope = -jnp.exp(x) * ((log_x - special.digamma(a + 1.0)) * s + t / a)
-    x_large = jnp.exp(jnp.where(small, 0.0, log_x))
-    # Its dtype argument is filled in by a decorator that type checkers do not see.
-    gamma_grad = cast(Callable[[Array, Array], Array], jax.lax.random_gamma_grad)
-    large_slope = gamma_grad(a, x_large) / x_large
-    return jnp.where(small, small_slope, large_slope)
-
-
-@jax.custom_jvp
-def _reparameterized(a, log_sample):
-    """``log_sample``, differentiable in ``a`` as a ``Gamma(a)`` sample's log is."""
-    return log_sample
-
-
-@_reparameterized.defjvp
-def _reparameterized_jvp(primals, tangents):
-    a, log_sample = primals
-    a_dot, log_sample_dot = tangents
-    return log_sample, a_dot * _log_gamma_slope(a, log_sample) + log_sample_dot
-
-
-@functools.partial(jax.jit, static_argnums=3)
-def _logit_beta_sample(key, a, b, shape):
-    """``log G_a - log G_b`` of ``shape``, from the two halves of ``key`` as
-    ``jax.random.beta`` splits it; ``a`` and ``b`` broadcast to ``shape``."""
-    key_a, key_b = jax.random.split(key)
-    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
-    log_a = jax.random.loggamma(key_a, jax.lax.stop_gradient(a), shape, a.dtype)
-    log_b = jax.random.loggamma(key_b, jax.lax.stop_gradient(b), shape, b.dtype)
-    return _reparameterized(a, log_a) - _reparameterized(b, log_b)
-
-
-# The regularised incomplete beta I_x(a, b) in log space, for the CDF and for the atoms
-# on the bounds, where x is as small as the smallest normal float and I_x underflows.
-# Below x = (a + 1) / (n + 2), log I_x = log p(logit x) - log a + log F, F the
-# continued fraction of DLMF 8.17.22 evaluated by the modified Lentz method (Numerical
-# Recipes' betacf), which converges there within O(sqrt(max(a, b))) steps; above it,
-# log(1 - I_{1-x}(b, a)). The derivatives in a and b are carried through the same
-# steps in forward mode, and the loop runs until they have converged too; that in z
-# is p(z) / I in closed form. An element still unconverged after _MAX_STEPS is NaN.
-_MAX_STEPS = 5000
-
-
-def _guard(value):
-    """``value``, moved away from 0 as the modified Lentz method does."""
-    tiny = 16 * jnp.finfo(value.dtype).tiny
-    return jnp.where(jnp.abs(value) < tiny, tiny, value)
-
-
-def _lentz(numerator, slopes, c, d, tangents):
-    """One Lentz step ``d = 1 / (1 + t d)``, ``c = 1 + t / c`` for the partial numerator
-    ``t``, with the tangents ``(dc, dd)`` of each direction given ``t``'s slopes."""
-    new_d = 1.0 / _guard(1.0 + numerator * d)
-    new_c = _guard(1.0 + numerator / c)
-    tangents = tuple(
-        (slope / c - numerator * dc / (c * c), -new_d * new_d * (slope * d + numerator * dd))
-        for slope, (dc, dd) in zip(slopes, tangents, strict=True)
-    )
-    return new_c, new_d, tangents
-
-
-def _log_fraction(a, b, x, *, slopes: bool):
-    """``log F(a, b, x)``, with (if ``slopes``) its derivatives in ``a`` and ``b``."""
-    eps = jnp.finfo(x.dtype).eps
-    n = a + b
-    start = 1.0 - n * x / (a + 1.0)
-    d = 1.0 / _guard(start)
-    # d(start)/da = x (b - 1) / (a + 1)**2 and d(start)/db = -x / (a + 1).
-    start_slopes = (x * (b - 1.0) / jnp.square(a + 1.0), -x / (a + 1.0))
-    zeros = jnp.zeros_like(x)
-    tangents = tuple((zeros, -d * d * t) for t in start_slopes) if slopes else ()
-    log_slopes = tuple(dd / d for _, dd in tangents)
-
-    def body(state):
-        m, c, d, log_f, tangents, log_slopes, done = state
-        m = m.astype(x.dtype)
-        even_base = a - 1.0 + 2.0 * m
-        even = m * (b - m) * x / (even_base * (a + 2.0 * m))
-        even_slopes = (
-            -even * (1.0 / even_base + 1.0 / (a + 2.0 * m)),
-            m * x / (even_base * (a + 2.0 * m)),
-        )
-        odd = -(a + m) * (n + m) * x / ((a + 2.0 * m) * (a + 1.0 + 2.0 * m))
-        odd_slopes = (
-            odd * (1.0 / (a + m) + 1.0 / (n + m) - 1.0 / (a + 2.0 * m) - 1.0 / (a + 1.0 + 2.0 * m)),
-            odd / (n + m),
-        )
-        c1, d1, tangents = _lentz(even, even_slopes[: len(tangents)], c, d, tangents)
-        c2, d2, tangents2 = _lentz(odd, odd_slopes[: len(tangents)], c1, d1, tangents)
-        log_factor = jnp.log(d1 * c1 * d2 * c2)
-        factor_slopes = tuple(
-            dd1 / d1 + dc1 / c1 + dd2 / d2 + dc2 / c2
-            for (dc1, dd1), (dc2, dd2) in zip(tangents, tangents2, strict=True)
-        )
-        new_slopes = tuple(s + f for s, f in zip(log_slopes, factor_slopes, strict=True))
-        # An element is done once a step changes neither log F nor its slopes (relative
-        # to their size) by more than eps; it is then held, while the others go on.
-        converged = jnp.abs(log_factor) <= eps
-        for step, total in zip(factor_slopes, new_slopes, strict=True):
-            converged &= jnp.abs(step) <= eps * (1.0 + jnp.abs(total))
-        new = (c2, d2, log_f + log_factor, tangents2, new_slopes)
-        old = (c, d, log_f, tangents, log_slopes)
-        kept = jax.tree.map(lambda o, n: jnp.where(done, o, n), old, new)
-        # A NaN element is done: it is NaN whatever it does, and must not hold the loop.
-        done = done | converged | jnp.isnan(log_factor)
-        return (m.astype(jnp.int32) + 1, *kept, done)
-
-    def unfinished(state):
-        return (state[0] <= _MAX_STEPS) & ~jnp.all(state[-1])
-
-    done = jnp.zeros(x.shape, bool)
-    state = (jnp.int32(1), jnp.ones_like(x), d, jnp.log(d), tangents, log_slopes, done)
-    state = jax.lax.while_loop(unfinished, body, state)
-    done = state[-1]
-    return tuple(jnp.where(done, v, jnp.nan) for v in (state[3], *state[5]))
-
-
-def _log_betainc_setup(a, b, z):
-    """Which tail, its ``x``, and the continued fraction's two arguments."""
-    lower = z < jnp.log((a + 1.0) / (b + 1.0))  # x < (a + 1) / (n + 2)
-    x = jnp.where(lower, jax.nn.sigmoid(z), jax.nn.sigmoid(-z))
-    return lower, x, jnp.where(lower, a, b), jnp.where(lower, b, a)
-
-
-def _log_tail_complement(lower, tail):
-    """``tail`` below, ``log(1 - exp(tail))`` above (by ``log1p`` where ``exp(tail)`` is
-    small, so that an upper tail of 1e-6 keeps its digits in ``1 - I``)."""
-    small = tail < -np.log(2.0)
-    complement = jnp.where(
-        small,
-        jnp.log1p(-jnp.exp(jnp.where(small, tail, -1.0))),
-        jnp.log(-jnp.expm1(jnp.where(small, -1.0, tail))),
-    )
-    return jnp.where(lower, tail, complement)
-
-
-@jax.custom_jvp
-def _log_betainc(a, b, z):
-    """``log I_x(a, b)`` for ``x = sigmoid(z)``, elementwise, all of one shape."""
-    lower, x, first, second = _log_betainc_setup(a, b, z)
-    (log_f,) = _log_fraction(first, second, x, slopes=False)
-    return _log_tail_complement(lower, _log_density(a, b, z) - jnp.log(first) + log_f)
-
-
-@_log_betainc.defjvp
-def _log_betainc_jvp(primals, tangents):
-    a, b, z = primals
-    a_dot, b_dot, z_dot = tangents
-    lower, x, first, second = _log_betainc_setup(a, b, z)
-    log_f, d_first, d_second = _log_fraction(first, second, x, slopes=True)
-    log_density, density_a, density_b, _ = _log_density_and_slopes(a, b, z)
-    # The tail below x, log I_x(a, b), or above it, log I_{1-x}(b, a), and its slopes.
-    tail = log_density - jnp.log(first) + log_f
-    tail_a = density_a + jnp.where(lower, d_first - 1.0 / a, d_second)
-    tail_b = density_b + jnp.where(lower, d_second, d_first - 1.0 / b)
-    value = _log_tail_complement(lower, tail)
-    scale = jnp.where(lower, 1.0, -jnp.exp(tail - value))
-    d_z = jnp.exp(log_density - value)  # dI/dz = p(z)
-    return value, scale * (tail_a * a_dot + tail_b * b_dot) + d_z * z_dot
-
-
-_log_betainc_jit = jax.jit(_log_betainc)
-
-
-def _valid(a, b):
-    return (a > 0) & (a < jnp.inf) & (b > 0) & (b < jnp.inf)
-
-
-@jax.jit
-def _nan_where_invalid(a, b):
-    """``a`` and ``b``, both NaN wherever either is not positive and finite."""
-    valid = _valid(a, b)
-    return jnp.where(valid, a, jnp.nan), jnp.where(valid, b, jnp.nan)
 
 
 def _as_concentrations(concentration1, concentration0):
@@ -541,7 +114,7 @@ class LogitBeta(distrax.Distribution):
                 f"concentration1 and concentration0 must broadcast, got shapes {a.shape} and "
                 f"{b.shape}."
             ) from None
-        self._a, self._b = _nan_where_invalid(
+        self._a, self._b = _beta_math.nan_where_invalid(
             jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
         )
 
@@ -564,7 +137,7 @@ class LogitBeta(distrax.Distribution):
         return self._a.shape
 
     def _sample_n(self, key: PRNGKeyArray, n: int) -> Array:
-        return _logit_beta_sample(key, self._a, self._b, (n, *self._a.shape))
+        return _beta_math.logit_beta_sample(key, self._a, self._b, (n, *self._a.shape))
 
     def _broadcast(self, value) -> tuple[Array, Array, Array]:
         value = _checks.float_array("value", value)
@@ -583,7 +156,7 @@ class LogitBeta(distrax.Distribution):
             Array([  -1.3863, -100.    ], dtype=float32)
         """
         z, a, b = self._broadcast(value)
-        return _log_density(a, b, z)
+        return _beta_math.log_density(a, b, z)
 
     def cdf(self, value: Float[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         """``P[Z <= value] = I_{sigmoid(value)}(a, b)``, ``exp(log_cdf(value))``.
@@ -617,7 +190,7 @@ class LogitBeta(distrax.Distribution):
         """
         z, a, b = self._broadcast(value)
         finite = jnp.where(jnp.isinf(z), 0.0, z)
-        log_cdf = _log_betainc_jit(a, b, finite)
+        log_cdf = _beta_math.log_betainc_jit(a, b, finite)
         return jnp.where(z == jnp.inf, 0.0, jnp.where(z == -jnp.inf, -jnp.inf, log_cdf))
 
     def entropy(self) -> Float[Array, "*batch"]:
@@ -628,7 +201,7 @@ class LogitBeta(distrax.Distribution):
             >>> LogitBeta(1.0, 1.0).entropy()  # the logistic distribution's: 2
             Array(2., dtype=float32)
         """
-        return _logit_entropy(self._a, self._b)
+        return _beta_math.logit_entropy(self._a, self._b)
 
     def mean(self) -> Float[Array, "*batch"]:
         """``E[Z] = digamma(a) - digamma(b)``.
@@ -814,7 +387,7 @@ class SquashedBeta(distrax.Transformed):
                 f"low and high must have shape () or (action,) = ({a.shape[-1]},), got "
                 f"{np.shape(bounds.low)}; give one bound per action dimension."
             )
-        a, b = _nan_where_invalid(a, b)
+        a, b = _beta_math.nan_where_invalid(a, b)
         super().__init__(distrax.Independent(LogitBeta(a, b), 1), distrax.Block(bijector, 1))
         self._a, self._b = a, b
 
@@ -960,7 +533,7 @@ class SquashedBeta(distrax.Transformed):
             seed = jax.random.PRNGKey(int(seed))
         a, b = self._a, self._b
         if not _pre_images.is_key_array(seed) or jnp.ndim(seed) == 0:
-            return _logit_beta_sample(seed, a, b, a.shape)
+            return _beta_math.logit_beta_sample(seed, a, b, a.shape)
         batch_shape = a.shape[:-1]
         if seed.shape != batch_shape:
             raise ValueError(
@@ -968,7 +541,7 @@ class SquashedBeta(distrax.Transformed):
                 f"keys of shape {seed.shape}; make them with jax.random.split(key, n)."
             )
         rows = a.shape[-1:]
-        draw = jax.vmap(lambda key, a, b: _logit_beta_sample(key, a, b, rows))
+        draw = jax.vmap(lambda key, a, b: _beta_math.logit_beta_sample(key, a, b, rows))
         flat = draw(seed.reshape(-1), a.reshape(-1, *rows), b.reshape(-1, *rows))
         return flat.reshape(a.shape)
 
@@ -1084,7 +657,7 @@ class SquashedBeta(distrax.Transformed):
             >>> SquashedBeta(jnp.ones(2), jnp.ones(2), -1.0, 1.0).entropy()  # uniform: 2 log 2
             Array(1.3863, dtype=float32)
         """
-        per_dimension = _beta_entropy(self._a, self._b)
+        per_dimension = _beta_math.beta_entropy(self._a, self._b)
         return jnp.sum(per_dimension + self._log_range(self._a.shape, self._a.dtype), axis=-1)
 
     def mean(self) -> Float[Array, "*batch action"]:
@@ -1255,7 +828,7 @@ class SquashedBeta(distrax.Transformed):
 @jax.jit
 def _log_prob_from_pre_image(a, b, z, log_range):
     """``sum(log p(z) + softplus(z) + softplus(-z) - log(high - low), -1)``."""
-    per_dimension = _log_density(a, b, z) + softplus(z) + softplus(-z) - log_range
+    per_dimension = _beta_math.log_density(a, b, z) + softplus(z) + softplus(-z) - log_range
     return jnp.sum(per_dimension, axis=-1)
 
 
@@ -1264,13 +837,13 @@ def _log_prob_from_action(low, high, action, a, b):
     """``log p(y)`` summed over the last axis, from the distances to the bounds."""
     bounds = Squashing(low, high, 2.0)
     z, log_det, on_low, on_high = _squashed.pre_image_from_distances(bounds, action)
-    inside = _log_density(a, b, z) - log_det
+    inside = _beta_math.log_density(a, b, z) - log_det
     # On a bound z is the pre-image of the rounding threshold: P[U <= u_r] at low, and
     # P[U >= 1 - u_r] = I_{u_r}(b, a) at high. Elsewhere a point deep in the left tail,
     # where the continued fraction stops at once.
     on_bound = on_low | on_high
     far = jnp.asarray(-30.0, z.dtype)
-    atom = _log_betainc(
+    atom = _beta_math.log_betainc(
         jnp.where(on_high, b, a),
         jnp.where(on_high, a, b),
         jnp.where(on_high, -z, jnp.where(on_low, z, far)),
@@ -1286,10 +859,10 @@ def _log_cdf_from_action(low, high, action, a, b):
     inside = jnp.clip(action, low, high)
     z, _, on_low, on_high = _squashed.pre_image_from_distances(bounds, inside)
     on_low, on_high = on_low | (action < low), on_high | (action > high)
-    log_cdf = _log_betainc(a, b, jnp.where(on_low | on_high, 0.0, z))
+    log_cdf = _beta_math.log_betainc(a, b, jnp.where(on_low | on_high, 0.0, z))
     log_cdf = jnp.sum(jnp.where(on_high, 0.0, jnp.where(on_low, -jnp.inf, log_cdf)), axis=-1)
     # NaN applied after the sum: XLA's CPU backend folds exp(sum(where(p, 0, nan))) to 1.
-    defined = jnp.all(_valid(a, b) & ~jnp.isnan(action), axis=-1)
+    defined = jnp.all(_beta_math.valid(a, b) & ~jnp.isnan(action), axis=-1)
     return jnp.where(defined, log_cdf, jnp.nan)
 
 
@@ -1361,7 +934,7 @@ def _kl_divergence(p, q, *_, **__) -> Array:
             f"concentration shapes {p._a.shape} and {q._a.shape}."
         )
     a1, b1, a2, b2 = (jnp.broadcast_to(x, shape) for x in (p._a, p._b, q._a, q._b))
-    kl = _kl(a1, b1, a2, b2)
+    kl = _beta_math.kl(a1, b1, a2, b2)
     if same is not True:
         kl = jnp.where(jnp.all(same), kl, jnp.nan)
     return jnp.sum(kl, axis=-1) if squashed else kl
