@@ -222,29 +222,12 @@ def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=No
         f"over {rounds} interleaved rounds of time / hand-written time in the same round "
         "(min-max); below 1 is faster than the hand-written code.",
     ]
-    names = [impl.name for impl in implementations_of(beta_cases()[0])]
-    for workload in _WORKLOADS:
-        rows = [
-            [
-                case,
-                batch,
-                f"{timing.summary(cell[workload][names[0]])[0] * 1e3:.4f}",
-                *(timing.ratio_cell(cell[workload][n]) for n in names[1:]),
-            ]
-            for (case, batch), cell in results.items()
-        ]
-        header = ["case", "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {_TITLES[workload]}", "", timing.table(rows, header)]
+    sections += timing.workload_tables(results, _TITLES)
     text = "\n".join(sections) + "\n"
     (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
-        "timings": [
-            record
-            for (case, batch), cell in results.items()
-            for workload in _WORKLOADS
-            for record in timing.records(cell[workload], workload=workload, case=case, batch=batch)
-        ],
+        "timings": timing.workload_records(results, _WORKLOADS),
     }
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return text

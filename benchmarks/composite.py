@@ -463,19 +463,7 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
         "`samplers parts, combined by hand`: the composite's own part heads called one by "
         "one and combined as the hand-written code combines its distributions.",
     ]
-    names = [impl.name for impl in implementations_of(composite_cases()[0])]
-    for workload in _WORKLOADS:
-        rows = [
-            [
-                case,
-                batch,
-                f"{timing.summary(cell[workload][names[0]])[0] * 1e3:.4f}",
-                *(timing.ratio_cell(cell[workload][n]) for n in names[1:]),
-            ]
-            for (case, batch), cell in results.items()
-        ]
-        header = ["case", "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {_TITLES[workload]}", "", timing.table(rows, header)]
+    sections += timing.workload_tables(results, _TITLES)
     call_names = list(next(iter(calls.values())))
     reference_entropy, *other_entropies = entropies
     sections += [
@@ -516,12 +504,7 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
     (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
-        "timings": [
-            record
-            for (case, batch), cell in results.items()
-            for workload in _WORKLOADS
-            for record in timing.records(cell[workload], workload=workload, case=case, batch=batch)
-        ],
+        "timings": timing.workload_records(results, _WORKLOADS),
         "calls": [
             record
             for case, cells in calls.items()

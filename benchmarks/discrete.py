@@ -160,15 +160,7 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
         f"Each cell: median over {rounds} interleaved rounds of time / hand-written time "
         "in the same round (min-max); below 1 is faster than the hand-written code.",
     ]
-    names = [impl.name for impl in i.discrete_implementations(i.discrete_cases()[0])]
-    for workload in _WORKLOADS:
-        rows = []
-        for (head, batch), cell in results.items():
-            seconds = timing.summary(cell[workload][names[0]])[0]
-            ratios = [timing.ratio_cell(cell[workload][n]) for n in names[1:]]
-            rows.append([head, batch, f"{seconds * 1e3:.4f}", *ratios])
-        header = ["head", "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {_TITLES[workload]}", "", timing.table(rows, header)]
+    sections += timing.workload_tables(results, _TITLES, label="head")
     rows = []
     for head, cell in parts.items():
         for part, samples in cell.items():
@@ -206,12 +198,7 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
     (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
-        "timings": [
-            record
-            for (head, batch), cell in results.items()
-            for workload in _WORKLOADS
-            for record in timing.records(cell[workload], workload=workload, head=head, batch=batch)
-        ],
+        "timings": timing.workload_records(results, _WORKLOADS, label="head"),
         "parts": [
             record
             for head, cell in parts.items()

@@ -77,6 +77,37 @@ def records(cells, **fields):
     ]
 
 
+def workload_tables(results, titles, label="case"):
+    """One Markdown section per workload of ``results``, ``{(label, batch): {workload:
+    {implementation: samples}}}``: the first implementation's milliseconds, then each
+    other's ratio to it."""
+    names = list(next(iter(results.values()))[next(iter(titles))])
+    sections = []
+    for workload, title in titles.items():
+        rows = [
+            [
+                case,
+                batch,
+                f"{summary(cell[workload][names[0]])[0] * 1e3:.4f}",
+                *(ratio_cell(cell[workload][n]) for n in names[1:]),
+            ]
+            for (case, batch), cell in results.items()
+        ]
+        header = [label, "B", "hand-written (ms)", *names[1:]]
+        sections += ["", f"## {title}", "", table(rows, header)]
+    return sections
+
+
+def workload_records(results, workloads, label="case"):
+    """The JSON records of ``results`` (as :func:`workload_tables` takes them)."""
+    return [
+        record
+        for (case, batch), cell in results.items()
+        for workload in workloads
+        for record in records(cell[workload], workload=workload, **{label: case}, batch=batch)
+    ]
+
+
 def table(rows, header):
     """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
