@@ -181,19 +181,8 @@ def time_case(case, batch, rounds):
 
 
 def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=None):
-    """Times every Beta case at each batch size; writes ``{name}.md`` and ``{name}.json``.
-
-    Args:
-        batches: The batch sizes.
-        out_dir: Where the files go.
-        device: A ``jax.Device``; JAX's default device if None.
-        name: Stem of the report's file names.
-        rounds: Interleaved rounds per cell.
-        command: The command line to record in the report.
-
-    Returns:
-        The report's text.
-    """
+    """Times every Beta case at each batch size; writes ``{name}.md`` and ``{name}.json``
+    and returns the report's text. The arguments are :func:`benchmarks.discrete.run`'s."""
     device = jax.devices()[0] if device is None else device
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
