@@ -607,6 +607,22 @@ def test_entropy_is_exact_against_scipy_and_mpmath(dtype):
         np.testing.assert_allclose(d_b[k], beta_db, rtol=0, atol=32 * eps * slope_size)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 2e-6), slow(np.float64, 1e-14)])
+def test_entropy_gradient_keeps_its_relative_accuracy_where_its_terms_cancel(dtype, rtol):
+    # dH/da = (n - 2) trigamma(n) - (a - 1) trigamma(a): terms of size 1 whose
+    # difference is of size 1 / a for large concentrations.
+    pairs = [(0.01, 1e4), (30.0, 1e4), (1e4, 1e4), (1e6, 1e6), (1e6, 3.0), (3.0, 1e6)]
+    a, b = (np.array([p[i] for p in pairs], dtype)[:, None] for i in (0, 1))
+    with _x64(dtype):
+        slopes = jax.jit(jax.vmap(jax.grad(lambda a, b: SquashedBeta(a, b).entropy(), (0, 1))))(
+            a, b
+        )
+    for k, (ca, cb) in enumerate(pairs):
+        _, want_a, want_b, _, _, _ = _entropy(float(dtype(ca)), float(dtype(cb)))
+        np.testing.assert_allclose(float(slopes[0][k, 0]), want_a, rtol=rtol)
+        np.testing.assert_allclose(float(slopes[1][k, 0]), want_b, rtol=rtol)
+
+
 def test_logit_entropy_is_the_integral_of_minus_p_log_p():
     a, b = 0.7, 3.0
 
