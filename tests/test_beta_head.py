@@ -3,6 +3,8 @@ bound), ``eval()`` acting with the mean, the stream advancing alike in rollout a
 replay, the pathwise gradient with ``reparameterized``, ``nnx.jit`` without retracing,
 per-environment streams, and the refusals."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import mpmath
@@ -15,12 +17,24 @@ from scipy import special
 
 from samplers.distributions.beta import SquashedBeta, squashed_beta
 from samplers.heads.beta import BetaSampler
-from tests._tiers import JIT_MODES, slow
+from tests._tiers import each_value_once, slow
 
 A = 3
 LOW = np.array([-2.0, 0.0, 1.0], np.float32)
 HIGH = np.array([2.0, 1.0, 1000.0], np.float32)
 OPTIONS = {"entropy_weight": 0.01, "low": LOW, "high": HIGH}
+
+
+@functools.cache
+def _template():
+    return BetaSampler(nnx.Rngs(0), **OPTIONS)
+
+
+def _head():
+    """A new head, as ``BetaSampler(nnx.Rngs(0), **OPTIONS)`` builds it. Clones of one head
+    share its static configuration (the bounds, compared by identity), so ``nnx.jit``
+    compiles each program once for all the tests."""
+    return nnx.clone(_template())
 
 
 def _inputs(batch_shape, scale=2.0, seed=0):
@@ -50,7 +64,7 @@ def _call(jitted):
     "batch_shape", [slow((), id="(A,)"), pytest.param((4,), id="(B,A)"), slow((3, 4), id="(T,B,A)")]
 )
 def test_outputs_are_the_distributions(batch_shape):
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     params = _inputs(batch_shape)
     out = _step(head, params)
     dist = squashed_beta(params, LOW, HIGH)
@@ -75,10 +89,18 @@ def test_outputs_are_the_distributions(batch_shape):
 SATURATING = jnp.array([[-30.0, 0.3, 1e10, 1e10, 0.0, -30.0]] * 4)
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
-@pytest.mark.parametrize("jitted", JIT_MODES)
+# Train mode under nnx.jit (a training loop's) and eval mode eagerly by default; the
+# other two slow.
+@pytest.mark.parametrize(
+    *each_value_once(
+        {
+            "jitted": {"nnx.jit": True, "eager": False},
+            "deterministic": {"train": False, "eval": True},
+        }
+    )
+)
 def test_replay_reproduces_the_rollout_log_likelihood_bit_for_bit(jitted, deterministic):
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     head.set_attributes(deterministic=deterministic)
     call = _call(jitted)
     params = jnp.concatenate([_inputs((4,), scale=3.0)[:2], SATURATING[:2]])
@@ -90,7 +112,7 @@ def test_replay_reproduces_the_rollout_log_likelihood_bit_for_bit(jitted, determ
 
 
 def test_an_action_on_a_bound_is_scored_from_its_pre_image_and_replayed_in_the_loss():
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     rollout = head((), SATURATING)
     action, pre_image = rollout.output["action"], rollout.rollout_extras
     # a = 1, b = 1e10 on the lower bound; a = 1e10, b = 1 on the upper one.
@@ -139,7 +161,7 @@ def test_an_action_on_a_bound_is_scored_from_its_pre_image_and_replayed_in_the_l
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
 def test_rollout_and_replay_advance_the_stream_alike(deterministic):
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     head.set_attributes(deterministic=deterministic)
     params = _inputs((4,))
     rollout = head((), params)
@@ -150,7 +172,7 @@ def test_rollout_and_replay_advance_the_stream_alike(deterministic):
 
 
 def test_eval_acts_with_the_mean_and_train_samples_again():
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     params = _inputs((4,))
     dist = squashed_beta(params, LOW, HIGH)
     head.eval()
@@ -180,7 +202,7 @@ def test_reparameterized_keeps_the_pathwise_gradient_of_the_action():
     pathwise = BetaSampler(nnx.Rngs(0), **OPTIONS, reparameterized=True)
     grad = _action_grad(pathwise, params)
     assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
-    constant = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    constant = _head()
     np.testing.assert_array_equal(_action_grad(constant, params), 0.0)
     # eval, TD3-style: d/d raw of low + (high - low) a / (a + b), a = 1 + softplus(raw).
     mean_grad = np.asarray(_action_grad(pathwise, params, True))
@@ -213,7 +235,7 @@ def test_reparameterized_gradient_is_the_distributions_pathwise_gradient():
 
 
 def test_nnx_jit_does_not_retrace_on_repeated_calls():
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     rollout = _step(head, _inputs((4,)))
     _step(head, _inputs((4,)), rollout.rollout_extras)
     traces = TRACES["step"]
@@ -271,7 +293,7 @@ def test_per_env_streams_draw_each_environment_from_its_own_key():
     ],
 )
 def test_a_stored_pre_image_of_the_wrong_shape_or_fewer_bits_is_refused(extras, error, message):
-    head = BetaSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     with pytest.raises(error, match=message):
         head((), _inputs((4,)), extras)
 

@@ -7,7 +7,7 @@ from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from tests import reference
-from tests._tiers import slow
+from tests._tiers import SLOW, each_value_once, slow
 
 tfd, tfb = tfp.distributions, tfp.bijectors
 A = 3
@@ -135,8 +135,14 @@ def _raw_std(std, min_std=1e-3):
     return float(np.log(np.expm1(std - min_std)))
 
 
-@pytest.mark.parametrize("num_samples", [1, 4])
-@pytest.mark.parametrize("mean, std", [(0.7, 1.3), (-2.0, 0.3), (0.0, 4.0)])
+@pytest.mark.parametrize(
+    *each_value_once(
+        {
+            "mean, std": {"0.7-1.3": (0.7, 1.3), "-2.0-0.3": (-2.0, 0.3), "0.0-4.0": (0.0, 4.0)},
+            "num_samples": {"1": 1, "4": 4},
+        }
+    )
+)
 def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_samples):
     exact = reference.tanh_normal_entropy_float64(mean, std)
     dist = samplers.normal_tanh(jnp.tile(jnp.array([mean, _raw_std(std)]), (20_000, 1)))
@@ -188,7 +194,8 @@ def test_base_entropy_ignores_the_squashing_and_overstates_it():
     assert base > reference.tanh_normal_entropy_float64(mean, std)
 
 
-# Every squashing once by default, the one-sample path for Tanh; the rest slow.
+# The one-sample path for Tanh and the several-sample one for bounds by default; the
+# rest, distrax's Sigmoid included (a squashing of the same family), slow.
 @pytest.mark.parametrize(
     "bijector, num_samples",
     [
@@ -197,7 +204,7 @@ def test_base_entropy_ignores_the_squashing_and_overstates_it():
         slow(samplers.BoundedTanh(-2.0, 3.0), 1, id="bounded-tanh-1"),
         pytest.param(samplers.BoundedTanh(-2.0, 3.0), 3, id="bounded-tanh-3"),
         slow(distrax.Sigmoid(), 1, id="sigmoid-1"),
-        pytest.param(distrax.Sigmoid(), 3, id="sigmoid-3"),
+        slow(distrax.Sigmoid(), 3, id="sigmoid-3"),
     ],
 )
 def test_saved_derivatives_equal_autodiff_of_the_plain_formula(bijector, num_samples):
@@ -282,10 +289,15 @@ def test_entropy_gradient_reaches_mean_and_std():
     assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
 
 
+# A squashing (bounds) and a bijector without one by default; distrax's Sigmoid, a
+# squashing of the same family, slow.
 @pytest.mark.parametrize(
     "bijector",
-    [distrax.Sigmoid(), distrax.Lambda(lambda x: x), samplers.BoundedTanh(-2.0, 3.0)],
-    ids=["sigmoid", "identity", "bounded-tanh"],
+    [
+        slow(distrax.Sigmoid(), id="sigmoid"),
+        pytest.param(distrax.Lambda(lambda x: x), id="identity"),
+        pytest.param(samplers.BoundedTanh(-2.0, 3.0), id="bounded-tanh"),
+    ],
 )
 def test_other_bijectors_match_distrax_log_prob(bijector):
     mean_and_std = _inputs((6,))
@@ -586,7 +598,15 @@ ENTROPY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mean, std", ENTROPY_CASES)
+# A narrow and the widest std by default; the others slow.
+@pytest.mark.parametrize(
+    "mean, std",
+    [
+        pytest.param(*case, marks=[] if case in ((5.0, 0.05), (0.3, 30)) else [SLOW])
+        for case in ENTROPY_CASES
+    ],
+    ids=[f"{m}-{s}" for m, s in ENTROPY_CASES],
+)
 def test_entropy_is_the_float64_entropy_where_quadrature_is_biased(mean, std):
     # The float64 reference integrates -log p over a dense grid: about 1e-9 accurate.
     exact = reference.tanh_normal_entropy_float64(mean, std)
@@ -656,14 +676,16 @@ def test_entropy_in_a_ppo_loss_written_against_distrax():
     assert np.any(entropy_grad != 0)
 
 
+# Vector bounds by default; Tanh and Sigmoid, squashings of the same family, slow.
 @pytest.mark.parametrize(
     "bijector",
     [
-        samplers.Tanh(),
-        samplers.BoundedTanh(jnp.array([-2.0, 0.0, 1.0]), jnp.full(3, 3.0)),
-        distrax.Sigmoid(),
+        slow(samplers.Tanh(), id="tanh"),
+        pytest.param(
+            samplers.BoundedTanh(jnp.array([-2.0, 0.0, 1.0]), jnp.full(3, 3.0)), id="bounded-tanh"
+        ),
+        slow(distrax.Sigmoid(), id="sigmoid"),
     ],
-    ids=["tanh", "bounded-tanh", "sigmoid"],
 )
 def test_sample_estimators_average_to_the_exact_entropy(bijector):
     dist = samplers.squashed_normal(jnp.tile(_inputs((), seed=8), (20_000, 1)), bijector)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import samplers
-from tests._tiers import SLOW, slow
+from tests._tiers import SLOW, each_value_once, slow
 
 A = 2
 LIMIT = 1e3
@@ -36,9 +36,14 @@ STD_SCALE_FLOOR = 1e-30
 MAX_ABS_EPS = 6.0
 
 KINDS = ["tanh", "bounded", "sigmoid", "identity"]
-# The eager rollout and replay property runs asymmetric vector bounds by default, the
-# other samplers in the slow tier.
-KINDS_BY_TIER = [slow(k, id=k) if k != "bounded" else k for k in KINDS]
+
+
+def _kinds(*default):
+    """The samplers as ``parametrize`` cases, those not named in ``default`` slow: the
+    squashings share one code path, so the 1-D properties run two of them by default."""
+    return [pytest.param(k, id=k, marks=[] if k in default else [SLOW]) for k in KINDS]
+
+
 # Leading shapes of [2A], [B, 2A] and [T, B, 2A] inputs.
 BATCH_SHAPES_DRAWN = st.sampled_from([(), (3,), (2, 3)])
 
@@ -234,12 +239,21 @@ def _check_example(kind, example, rollout, replay_with_gradient):
 
 # Guarantees, rows "... are finite, eagerly and under nnx.jit", "Actions never
 # leave the range" and "Replaying ... bit for bit": eagerly, over the whole range.
-@pytest.mark.parametrize("kind", KINDS_BY_TIER)
-@PROPERTY
-@given(data=st.data())
-def test_rollout_and_replay_are_finite_in_range_and_reproduce_the_log_likelihood(kind, data):
+# The default tier draws a third of the profile's examples for asymmetric vector
+# bounds; the slow tier all of them, for every sampler.
+@pytest.mark.parametrize(
+    "kind, share",
+    [pytest.param("bounded", 3, id="bounded-a-third"), *(slow(k, 1, id=k) for k in KINDS)],
+)
+def test_rollout_and_replay_are_finite_in_range_and_reproduce_the_log_likelihood(kind, share):
     """Eager rollout then replay: finite outputs and gradients, actions in range, ratio 1."""
-    _check_example(kind, data.draw(_examples(kind)), _rollout, _replay_with_gradient)
+
+    @settings(max_examples=max(2, settings.default.max_examples // share), deadline=None)
+    @given(data=st.data())
+    def check(data):
+        _check_example(kind, data.draw(_examples(kind)), _rollout, _replay_with_gradient)
+
+    check()
 
 
 # The same three rows under nnx.jit, over the same ranges, shapes and samplers (the
@@ -319,7 +333,7 @@ def _one_d_distribution(kind, mean, raw_std, n, min_std, std_scale):
 
 
 # Guarantees, "In 1-D the density integrates to 1 over the range".
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", _kinds("bounded", "sigmoid"))
 @PROPERTY
 @given(data=st.data())
 def test_squashed_density_integrates_to_one(kind, data):
@@ -383,7 +397,7 @@ def test_log_prob_of_saturated_pre_images_matches_float64(kind):
 
 # Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
 # term, for pre-images anywhere in [-1e3, 1e3]".
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", _kinds("tanh", "identity"))
 @PROPERTY
 @given(data=st.data())
 def test_log_prob_from_pre_image_matches_float64_change_of_variables(kind, data):
@@ -425,8 +439,19 @@ ENTROPY_CASES = [
 
 # Guarantees, "The sample entropy estimators' means are within three standard
 # errors".
+# The first case of the bounded and the identity samplers by default; the others slow.
 @pytest.mark.parametrize(
-    "kind, mean, std", ENTROPY_CASES, ids=[f"{k}-{m}-{s}" for k, m, s in ENTROPY_CASES]
+    "kind, mean, std",
+    [
+        pytest.param(
+            k,
+            m,
+            s,
+            id=f"{k}-{m}-{s}",
+            marks=[] if (k, m, s) in (("bounded", 0.3, 0.8), ("identity", 1.0, 2.0)) else [SLOW],
+        )
+        for k, m, s in ENTROPY_CASES
+    ],
 )
 def test_entropy_estimate_is_unbiased_against_float64_quadrature(kind, mean, std):
     """The mean of 20 000 one-sample estimates (one key each) within 3 standard errors.
@@ -463,12 +488,20 @@ def _all_finite_after_rollout_and_replay(kind, min_std, std_scale, mean, raw_std
 
 
 # The std is floored at float32's smallest normal (1.18e-38); without the floor
-# these inputs round it to 0 and give NaN.
-@pytest.mark.parametrize("kind", KINDS)
+# these inputs round it to 0 and give NaN. Each input and each sampler at least once by
+# default.
 @pytest.mark.parametrize(
-    "min_std, std_scale, raw_std",
-    [(0.0, 1.0, -1e3), (0.0, 1.0, -88.0), (1.0, 1e-38, 0.0), (1.0, 1e-46, 0.0)],
-    ids=["min_std=0,raw=-1e3", "min_std=0,raw=-88", "std_scale=1e-38", "std_scale=1e-46"],
+    *each_value_once(
+        {
+            "min_std, std_scale, raw_std": {
+                "min_std=0,raw=-1e3": (0.0, 1.0, -1e3),
+                "min_std=0,raw=-88": (0.0, 1.0, -88.0),
+                "std_scale=1e-38": (1.0, 1e-38, 0.0),
+                "std_scale=1e-46": (1.0, 1e-46, 0.0),
+            },
+            "kind": {k: k for k in KINDS},
+        }
+    )
 )
 def test_outputs_are_finite_when_the_std_underflows_to_zero(kind, min_std, std_scale, raw_std):
     """Guarantees, "The std never rounds to zero (floored at the smallest normal

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import samplers
+from tests._tiers import SLOW
 
 A = 3
 MEAN = np.array(
@@ -33,6 +34,8 @@ RAW_STD = np.array(
 PARAMS = np.concatenate([MEAN, RAW_STD], -1)  # [mean | raw_std], as Brax's networks emit
 STD = np.array([[0.5, 0.3, 1.2], [0.8, 0.05, 0.4], [1.0, 0.6, 0.2], [0.3, 0.9, 0.7]], np.float32)
 KEYS = [jax.random.key(seed) for seed in (0, 1, 2)]
+# The first key by default; the others repeat the check with other noise, slow.
+SEEDS = [pytest.param(key, id=f"key{i}", marks=[SLOW] if i else []) for i, key in enumerate(KEYS)]
 # Pre-images far past float32 saturation: tanh rounds them to exactly +-1.
 SATURATED_MEAN = np.array([[10.0, -12.0, 0.0], [20.0, 0.5, -9.5]], np.float32)
 SATURATED_STD = np.array([[0.1, 0.1, 1.0], [0.5, 0.2, 0.05]], np.float32)
@@ -97,7 +100,7 @@ def test_brax_create_dist_is_normal_tanh(brax_distribution, min_std, var_scale):
     np.testing.assert_allclose(ours.scale, theirs.scale, **SAMPLE)
 
 
-@pytest.mark.parametrize("key", KEYS, ids=["key0", "key1", "key2"])
+@pytest.mark.parametrize("key", SEEDS)
 def test_brax_sampling_is_the_same_transformation_of_the_same_noise(brax_distribution, key):
     brax = brax_distribution.NormalTanhDistribution(A)
     ours = samplers.normal_tanh(PARAMS)
@@ -208,7 +211,7 @@ def _distrax_tanh_normal(mean, std):
     )
 
 
-@pytest.mark.parametrize("key", KEYS, ids=["key0", "key1", "key2"])
+@pytest.mark.parametrize("key", SEEDS)
 def test_distrax_sample_and_sample_and_log_prob_match_for_the_same_key(key):
     theirs = _distrax_tanh_normal(MEAN, STD)
     ours = _ours_from_std(MEAN, STD)
@@ -290,7 +293,7 @@ SAME_NOISE = {
 
 
 @pytest.mark.parametrize("base, rows", SAME_NOISE.values(), ids=SAME_NOISE.keys())
-@pytest.mark.parametrize("key", KEYS, ids=["key0", "key1", "key2"])
+@pytest.mark.parametrize("key", SEEDS)
 def test_tfp_sample_and_log_prob_match_for_the_same_key(key, base, rows):
     theirs = _tfp_tanh_normal(MEAN[rows], STD[rows], base)
     ours = _ours_from_std(MEAN[rows], STD[rows])
@@ -421,7 +424,7 @@ def _rlax_as_samplers(mu, sigma, spec, sigma_max=SIGMA_MAX):
 
 # rlax announces that squashed_gaussian will be deprecated in favour of distrax.
 @pytest.mark.filterwarnings("ignore:Rlax squashed_gaussian will be deprecated")
-@pytest.mark.parametrize("key", KEYS, ids=["key0", "key1", "key2"])
+@pytest.mark.parametrize("key", SEEDS)
 def test_rlax_squashed_gaussian_maps_onto_bounded_tanh(rlax, key):
     spec = _rlax_spec()
     theirs = rlax.squashed_gaussian(SIGMA_MIN, SIGMA_MAX)

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import samplers
+from tests._tiers import slow
 
 A = 3  # action dimensions
 DIM = 2  # the action dimension that receives the bad value
@@ -49,7 +50,10 @@ def _assert_nan_in_bad_rows_only(bad, clean, *, action_shaped, rows=BAD_ROWS):
     np.testing.assert_array_equal(bad[keep], clean[keep])
 
 
-@pytest.mark.parametrize("name", list(BIJECTORS))
+# distrax's Tanh is samplers.Tanh's map: slow.
+@pytest.mark.parametrize(
+    "name", [slow(n) if n == "distrax.Tanh" else pytest.param(n) for n in BIJECTORS]
+)
 def test_the_pure_layer_gives_nan_for_a_non_finite_parameter(name):
     clean_input, bad_input = _inputs()
     build = (

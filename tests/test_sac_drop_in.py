@@ -6,6 +6,7 @@ import math
 import pytest
 
 from benchmarks import sac_drop_in as sac
+from tests._tiers import SLOW, each_value_once
 
 # mean(log pi) and its gradients are means of 256 float32 terms; against the float64
 # pathwise values they measured at most 4e-7 relative (about 3 float32 ulps) and
@@ -19,8 +20,17 @@ QUANTITIES = ("d_mean", "d_log_std", "value")
 SATURATED = {"saturated": (1.0, 1.0), "wide": (0.01, 0.2), "moderate": (0.0, 0.0)}
 
 
-@pytest.mark.parametrize("setting", sac.GRADIENT_SETTINGS)
-@pytest.mark.parametrize("dist", ["hand-written", "samplers-pre-image"])
+# The library at the saturated setting and the hand-written actor at the wide one by
+# default; the other settings slow.
+@pytest.mark.parametrize(
+    *each_value_once(
+        {
+            "dist": {"samplers-pre-image": "samplers-pre-image", "hand-written": "hand-written"},
+            "setting": {name: name for name in sac.GRADIENT_SETTINGS},
+        },
+        slow_ids={"moderate"},
+    )
+)
 def test_log_prob_gradient_is_the_float64_pathwise_gradient(dist, setting):
     result = sac.log_prob_gradients(dist, *sac.GRADIENT_SETTINGS[setting])
 
@@ -30,7 +40,11 @@ def test_log_prob_gradient_is_the_float64_pathwise_gradient(dist, setting):
         assert result[name] == pytest.approx(result[f"reference_{name}"], rel=RTOL, abs=ATOL), name
 
 
-@pytest.mark.parametrize("setting", sac.GRADIENT_SETTINGS)
+# The saturated setting, where scoring the rounded action fails worst, by default.
+@pytest.mark.parametrize(
+    "setting",
+    [pytest.param(s, marks=[] if s == "saturated" else [SLOW]) for s in sac.GRADIENT_SETTINGS],
+)
 def test_sample_then_log_prob_gives_the_gradient_of_sample_with_pre_image(setting):
     # A user's `a = dist.sample(seed=k); dist.log_prob(a)` must score the sample
     # it drew as `sample_with_pre_image` does, saturated or not.

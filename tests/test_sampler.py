@@ -1,3 +1,5 @@
+import functools
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ from jax.experimental import checkify
 
 import samplers
 from tests import reference
-from tests._tiers import JIT_MODES, slow
+from tests._tiers import JIT_MODES, each_value_once, slow
 
 A = 3
 OPTIONS = {"entropy_weight": 0.01, "min_std": 1e-3, "std_scale": 1.0}
@@ -34,10 +36,29 @@ def _count(rngs):
     return int(rngs.default.count[...])
 
 
+# One traced call for the file, counting its traces: a program per head configuration and
+# shapes. Clones of one head share its configuration (a bijector is compared by identity).
+TRACES = {"step": 0}
+
+
+@nnx.jit
+def _step(head, *args):
+    TRACES["step"] += 1
+    return head((), *args)
+
+
 def _call(jitted):
-    if not jitted:
-        return lambda head, *args: head((), *args)
-    return nnx.jit(lambda head, *args: head((), *args))
+    return _step if jitted else (lambda head, *args: head((), *args))
+
+
+@functools.cache
+def _template():
+    return samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+
+
+def _head():
+    """A new ``NormalTanhSampler(nnx.Rngs(0), **OPTIONS)``, sharing its compiled programs."""
+    return nnx.clone(_template())
 
 
 CUSTOM = {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}
@@ -91,7 +112,7 @@ def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape,
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
 @pytest.mark.parametrize("jitted", JIT_MODES)
 def test_replay_reproduces_the_rollout_log_likelihood(batch_shape, jitted, deterministic):
-    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
+    head = _head()
     head.set_attributes(deterministic=deterministic)
     call = _call(jitted)
     mean_and_std = _inputs(batch_shape, scale=8.0)  # many saturated actions
@@ -180,19 +201,15 @@ def test_value_and_grad_through_a_policy_network():
 
 
 def test_nnx_jit_does_not_retrace_on_repeated_calls():
-    traces = 0
-
-    @nnx.jit
-    def step(head, mean_and_std, extras):
-        nonlocal traces
-        traces += 1
-        return head((), mean_and_std, extras)
-
-    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    rollout = nnx.jit(lambda head, x: head((), x))(head, _inputs((4,)))
+    # The shapes of the replay test above, which then shares the programs.
+    head = _head()
+    rollout = _step(head, _inputs((3, 4)))
+    _step(head, _inputs((3, 4)), rollout.rollout_extras)
+    traces = TRACES["step"]
     for seed in range(4):
-        step(head, _inputs((4,), seed=seed), rollout.rollout_extras)
-    assert traces == 1
+        _step(head, _inputs((3, 4), seed=seed), rollout.rollout_extras)
+        _step(head, _inputs((3, 4), seed=seed))
+    assert TRACES["step"] == traces
 
 
 def test_nnx_scan_over_time_matches_a_python_loop():
@@ -232,8 +249,13 @@ def test_generic_sampler_with_bounds_keeps_actions_inside_and_replays():
     assert jnp.all(jnp.isfinite(rollout.regularization_loss))
 
 
+# distrax's Sigmoid is a squashing, scored as the oracle tests check: slow.
 @pytest.mark.parametrize(
-    "bijector", [distrax.Sigmoid(), distrax.Lambda(lambda x: x)], ids=["sigmoid", "identity"]
+    "bijector",
+    [
+        slow(distrax.Sigmoid(), id="sigmoid"),
+        pytest.param(distrax.Lambda(lambda x: x), id="identity"),
+    ],
 )
 def test_generic_sampler_scores_with_its_distribution(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.01, bijector=bijector)
@@ -283,12 +305,26 @@ def _head_inputs(name, inputs):
     return inputs[..., :A] if name == "StateIndependentSampler" else inputs
 
 
+# The three heads share SquashedNormalSampler's code: each runs by default in one of the
+# tests below, the others in the slow tier.
+HEAD_NAMES = {
+    n: n for n in ("NormalTanhSampler", "SquashedNormalSampler", "StateIndependentSampler")
+}
+
+
 @pytest.mark.parametrize(
-    "dtype, jitted",
-    [(jnp.bfloat16, False), (jnp.float16, True)],
-    ids=["bfloat16-eager", "float16-nnx.jit"],
+    *each_value_once(
+        {
+            "dtype, jitted": {
+                "bfloat16-eager": (jnp.bfloat16, False),
+                "float16-nnx.jit": (jnp.float16, True),
+            },
+            "name": HEAD_NAMES,
+        },
+        slow_ids={"SquashedNormalSampler"},
+    )
 )
-def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted):
+def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted, name):
     inputs = _inputs((64,))
     rollout = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)((), inputs)
     rounded = rollout.rollout_extras.astype(dtype)
@@ -302,13 +338,13 @@ def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted
         rf"computes in, got {jnp.dtype(dtype).name}: .* store rollout_extras in float32, as "
         rf"the rollout call emitted them"
     )
-    for name, head in _squashed_heads().items():
-        with pytest.raises(TypeError, match=message):
-            _call(jitted)(head, _head_inputs(name, inputs), rounded)
-        # Stored as emitted, the replay reproduces the rollout.
-        out = _call(jitted)(_squashed_heads()[name], _head_inputs(name, inputs))
-        again = _call(jitted)(head, _head_inputs(name, inputs), out.rollout_extras)
-        np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
+    head = _squashed_heads()[name]
+    with pytest.raises(TypeError, match=message):
+        _call(jitted)(head, _head_inputs(name, inputs), rounded)
+    # Stored as emitted, the replay reproduces the rollout.
+    out = _call(jitted)(_squashed_heads()[name], _head_inputs(name, inputs))
+    again = _call(jitted)(head, _head_inputs(name, inputs), out.rollout_extras)
+    np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
 
 
 @pytest.mark.parametrize("field", ["pre_image", "log_likelihood"])
@@ -327,9 +363,10 @@ def test_a_lower_precision_value_stored_with_log_ratio_metrics_is_refused(field)
             head((), inputs, extras)
 
 
-# SquashedNormalSampler is NormalTanhSampler's class with another bijector: slow.
+# The other two heads repeat NormalTanhSampler's check with their class's code: slow
+# (tests/test_guarantees.py checks the state-independent head's float64 outputs).
 @pytest.mark.parametrize(
-    "name", ["NormalTanhSampler", slow("SquashedNormalSampler"), "StateIndependentSampler"]
+    "name", ["NormalTanhSampler", slow("SquashedNormalSampler"), slow("StateIndependentSampler")]
 )
 def test_under_x64_a_float32_pre_image_for_a_float64_sampler_is_refused(name):
     with jax.enable_x64(True):
@@ -703,38 +740,43 @@ def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
     np.testing.assert_allclose(stats["approx_kl"], jnp.mean(replay.metrics["approx_kl"]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("jitted", JIT_MODES)
-def test_replay_metrics_are_nan_in_the_batch_element_whose_stored_value_is_nan(jitted):
+@pytest.mark.parametrize(
+    *each_value_once(
+        {"jitted": {"eager": False, "nnx.jit": True}, "name": HEAD_NAMES},
+        slow_ids={"eager", "NormalTanhSampler", "StateIndependentSampler"},
+    )
+)
+def test_replay_metrics_are_nan_in_the_batch_element_whose_stored_value_is_nan(jitted, name):
     """A NaN pre-image makes its element's action, log-likelihood and every metric NaN; a
     NaN stored log-likelihood its log-ratio metrics; other elements are untouched."""
-    for name, head in _squashed_heads(log_ratio_metrics=True).items():
-        inputs = _head_inputs(name, _inputs((4,)))
-        extras = head((), inputs).rollout_extras
-        clean = _call(jitted)(head, inputs + 0.1, extras)
-        broken = {
-            "pre_image": extras["pre_image"].at[1, 0].set(jnp.nan),
-            "log_likelihood": extras["log_likelihood"].at[2].set(jnp.nan),
-        }
-        out = _call(jitted)(head, inputs + 0.1, broken)
-        nan_in = {
-            "log_ratio": [1, 2],
-            "approx_kl": [1, 2],
-            "saturation": [1],
-            "bound_distance": [1],
-        }
-        for metric, rows in nan_in.items():
-            values = np.asarray(out.metrics[metric])
-            for row in range(4):
-                if row in rows:
-                    assert np.isnan(values[row]), (name, metric, row)
-                else:
-                    assert values[row] == clean.metrics[metric][row], (name, metric, row)
-        # The float64 oracle on the clean rows: log-ratio from the stored values.
-        assert np.isnan(out.output["log_likelihood"][1])
-        log_ratio = np.asarray(out.output["log_likelihood"], np.float64) - np.asarray(
-            broken["log_likelihood"], np.float64
-        )
-        np.testing.assert_allclose(out.metrics["log_ratio"], log_ratio, rtol=1e-6, atol=1e-6)
+    head = _squashed_heads(log_ratio_metrics=True)[name]
+    inputs = _head_inputs(name, _inputs((4,)))
+    extras = head((), inputs).rollout_extras
+    clean = _call(jitted)(head, inputs + 0.1, extras)
+    broken = {
+        "pre_image": extras["pre_image"].at[1, 0].set(jnp.nan),
+        "log_likelihood": extras["log_likelihood"].at[2].set(jnp.nan),
+    }
+    out = _call(jitted)(head, inputs + 0.1, broken)
+    nan_in = {
+        "log_ratio": [1, 2],
+        "approx_kl": [1, 2],
+        "saturation": [1],
+        "bound_distance": [1],
+    }
+    for metric, rows in nan_in.items():
+        values = np.asarray(out.metrics[metric])
+        for row in range(4):
+            if row in rows:
+                assert np.isnan(values[row]), (name, metric, row)
+            else:
+                assert values[row] == clean.metrics[metric][row], (name, metric, row)
+    # The float64 oracle on the clean rows: log-ratio from the stored values.
+    assert np.isnan(out.output["log_likelihood"][1])
+    log_ratio = np.asarray(out.output["log_likelihood"], np.float64) - np.asarray(
+        broken["log_likelihood"], np.float64
+    )
+    np.testing.assert_allclose(out.metrics["log_ratio"], log_ratio, rtol=1e-6, atol=1e-6)
 
 
 def test_log_ratio_metrics_refuse_the_other_kind_of_rollout_extras():
@@ -850,8 +892,8 @@ def test_a_flax_module_built_with_named_streams_holds_a_sampler():
             return self.head((), self.linear(obs)).output["action"]
 
     actor = Actor(nnx.Rngs(params=0, action=1))
-    first = nnx.jit(lambda actor, obs: actor(obs))(actor, jnp.ones((2, 5)))
-    second = nnx.jit(lambda actor, obs: actor(obs))(actor, jnp.ones((2, 5)))
+    act = nnx.jit(lambda actor, obs: actor(obs))
+    first, second = act(actor, jnp.ones((2, 5))), act(actor, jnp.ones((2, 5)))
     assert first.shape == (2, A) and not np.array_equal(first, second)
 
 

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import samplers
-from tests._tiers import JIT_MODES
+from tests._tiers import JIT_MODES, SLOW, each_value_once
 
 A = 3
 ALPHA = 0.2
@@ -271,9 +271,13 @@ def _td3_losses_float64(kind, mean):
     return W * (_squash_float64(kind, mean)[0] - T) ** 2
 
 
+# Each squashing and each mean at least once by default, under nnx.jit.
 @pytest.mark.parametrize("jitted", JIT_MODES)
-@pytest.mark.parametrize("where", ["centre", "saturated"])
-@pytest.mark.parametrize("kind", EVAL_KINDS)
+@pytest.mark.parametrize(
+    *each_value_once(
+        {"kind": {k: k for k in EVAL_KINDS}, "where": {w: w for w in ("saturated", "centre")}}
+    )
+)
 def test_td3_actor_loss_on_eval_has_the_chain_rule_gradient(kind, where, jitted):
     mean = CENTRE if where == "centre" else SATURATED_SIGMOID if kind == "sigmoid" else SATURATED
     raw_std = np.array([[-1.0, 0.0, 0.5], [0.2, -0.3, 1.0]])
@@ -324,7 +328,10 @@ def test_eval_log_likelihood_has_the_pathwise_gradient_at_zero_noise(where):
         np.testing.assert_allclose(ours, np.concatenate([d_mean, d_raw_std], -1), rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", EVAL_KINDS)
+# The bounds by default; Tanh and Sigmoid, of the same family, slow.
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=[] if k == "bounded" else [SLOW]) for k in EVAL_KINDS]
+)
 def test_by_default_the_deterministic_action_has_no_gradient(kind):
     mean_and_std = jnp.asarray(np.concatenate([CENTRE, np.zeros((2, A))], -1), jnp.float32)
     head = _eval_head(kind, False)

@@ -155,14 +155,15 @@ def _members_differ_everywhere(pre_images):
 
 
 def test_nnx_vmap_population_draws_a_different_sample_per_member_and_replays_it():
-    population = _population(4, seed=0)
+    # Three members, as the tests below: eager vmap compiles each operation per shape.
+    population = _population(3, seed=0)
     mean_and_std = _inputs((5,))
     rollout = _act(population, mean_and_std)
-    assert rollout.rollout_extras.shape == (4, 5, A)
+    assert rollout.rollout_extras.shape == (3, 5, A)
     assert _members_differ_everywhere(rollout.rollout_extras)
     replay = _replay(population, mean_and_std, rollout.rollout_extras)
     np.testing.assert_array_equal(replay.output["log_likelihood"], rollout.output["log_likelihood"])
-    np.testing.assert_array_equal(population.rng.default.count[...], [4, 4, 4, 4])
+    np.testing.assert_array_equal(population.rng.default.count[...], [4, 4, 4])
 
 
 def test_each_population_member_is_the_sampler_seeded_with_its_split_key():
