@@ -43,8 +43,9 @@ _DELTA = tuple(float(b / (2 * k * (2 * k - 1))) for k, b in enumerate(_BERNOULLI
 _DELTA_PRIME = tuple(float(-b / (2 * k)) for k, b in enumerate(_BERNOULLI, 1))
 # delta''(t) = sum B_2k / t**(2k + 1).
 _DELTA_SECOND = tuple(float(b) for b in _BERNOULLI)
-# Where the series takes over from lgamma and digamma: its first omitted term is below
-# 1e-17 at t = 8 and 3e-11 at t = 4, under the rounding of the dtype.
+# Where the series is summed: below it, delta and its derivatives are carried up to
+# t + m at or above it by their recurrence. Its first omitted term is below 1e-17 at
+# t = 8 and 3e-11 at t = 4, under the rounding of the dtype.
 _SERIES_FROM = {64: 8.0, 32: 4.0}
 # bd0's series in v = (k - m) / (k + m) for |v| < 0.1: 8 terms leave under 0.1**18.
 _BD0_CLOSE = 0.1
