@@ -50,11 +50,11 @@ _ESTIMATORS = {
     "exact": {"entropy": "exact"},
     "base Normal only": {"entropy": "base"},
 }
-# The suites of other heads, each a module with a run(), and what each times.
+# The suites of other heads: each a module with a run(), and what it times.
 _SUITES = {
-    "discrete": "the discrete heads",
-    "composite": "the composite heads",
-    "beta": "the Beta head",
+    "discrete": (discrete, "the discrete heads"),
+    "composite": (composite, "the composite heads"),
+    "beta": (beta, "the Beta head"),
 }
 _ROUND_SECONDS = 0.04  # per implementation per round, so a quick run takes a few minutes
 
@@ -338,7 +338,7 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
             "batch": batch,
             "actions": actions,
             "implementation": implementation,
-            **dict(zip(("seconds", "ratio", "low", "high"), timing.summary(samples), strict=True)),
+            **dict(zip(timing.FIELDS, timing.summary(samples), strict=True)),
         }
         for (batch, actions), cell in results.items()
         for workload in _WORKLOADS
@@ -498,7 +498,7 @@ def _parser():
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
-    for suite, heads in _SUITES.items():
+    for suite, (_, heads) in _SUITES.items():
         parser.add_argument(
             f"--{suite}",
             action="store_true",
@@ -524,12 +524,10 @@ def main(argv=None):
         parser.error(f"--{' and --'.join(chosen)} are separate runs; pass one of them")
     if chosen:
         suite = chosen[0]
+        module, heads = _SUITES[suite]
         if args.bandwidth_tbs is not None:
-            parser.error(
-                f"--bandwidth-tbs: there is no bandwidth floor for {_SUITES[suite]}; drop it"
-            )
+            parser.error(f"--bandwidth-tbs: there is no bandwidth floor for {heads}; drop it")
         name = suite if args.name == "results" else args.name
-        module = {"discrete": discrete, "composite": composite, "beta": beta}[suite]
         print(module.run(grid["batches"], args.out, device=device, name=name, command=command))
         return
     print(
