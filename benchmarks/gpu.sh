@@ -87,11 +87,11 @@ benchmark() {
 }
 
 numerics() {
-    # tests/test_invariants.py fixes hypothesis' example counts in its own
+    # tests/heads/test_invariants.py fixes hypothesis' example counts in its own
     # settings (no profile or variable to lower them); a fixed seed makes the
     # run repeatable. JAX runs the tests on its default device, the GPU.
-    python -m pytest tests/test_sampler.py tests/test_distributions.py \
-        tests/test_invariants.py tests/test_inverse.py \
+    python -m pytest tests/heads/test_squashed_normal.py tests/distributions/test_squashed_normal.py \
+        tests/heads/test_invariants.py tests/distributions/test_squashed_normal_log_prob.py \
         -q -x -p no:cacheprovider --hypothesis-seed=0 --durations=10
 }
 export -f install environment benchmark numerics

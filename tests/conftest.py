@@ -8,7 +8,7 @@ from tests._tiers import BATCH_SHAPES, slow
 
 # Hypothesis profiles: "ci" (the default) draws the same examples on every run, so a
 # failure in CI reproduces locally; "thorough" draws 20 times as many, afresh each run
-# (HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_invariants.py).
+# (HYPOTHESIS_PROFILE=thorough python -m pytest tests/heads/test_invariants.py).
 settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("thorough", max_examples=500, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

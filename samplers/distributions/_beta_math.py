@@ -9,7 +9,7 @@ written here in Loader's saddle-point form instead: with n = a + b,
 delta(t) = lgamma(t) - (t - 1/2) log t + t - log(2 pi) / 2 (Stirling's remainder,
 ~ 1 / (12 t)), and the parts that cancel become bd0(k, m) = k log(k / m) + m - k,
 computed by a series where k and m are close. Their error is then that of rounding
-the inputs (tests/test_beta.py checks it against mpmath).
+the inputs (tests/distributions/test_beta.py checks it against mpmath).
 """
 
 import functools

@@ -323,7 +323,7 @@ def _moments_wide(m, s):
 # is bounded by log 2, decays as exp(-2|t|) and is smooth on t >= 0: folded onto
 # t >= 0, Gauss-Legendre on three panels up to 14 (beyond, the term is under 1e-12)
 # gives under 1e-9 nats. Both measured against mpmath over |m| <= 1e3,
-# s in [1e-6, 1e3] (tests/test_oracle.py).
+# s in [1e-6, 1e3] (tests/distributions/test_squashed_normal_oracle.py).
 _ENTROPY_HERMITE = np.polynomial.hermite.hermgauss(16)
 _ENTROPY_PANELS = ((0.0, 2.0), (2.0, 6.0), (6.0, 14.0))
 _ENTROPY_LEGENDRE = np.polynomial.legendre.leggauss(12)

@@ -7,7 +7,7 @@ import pytest
 
 import samplers
 
-DOCS = pathlib.Path(__file__).parent.parent / "docs"
+DOCS = pathlib.Path(__file__).parents[2] / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
 
 

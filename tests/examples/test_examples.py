@@ -27,7 +27,7 @@ from flax import nnx
 import samplers
 from samplers.examples import _common, _ppo, cartpole, hybrid, pendulum, pendulum_sac, tictactoe
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

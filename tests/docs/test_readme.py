@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+README = pathlib.Path(__file__).parents[2] / "README.md"
 
 
-# Documentation code blocks are the slow tier's, with the guides' (tests/test_docs.py).
+# Documentation code blocks are the slow tier's, with the guides' (tests/docs/test_docs.py).
 @pytest.mark.slow
 def test_readme_python_blocks_run():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)

@@ -364,7 +364,7 @@ def test_a_lower_precision_value_stored_with_log_ratio_metrics_is_refused(field)
 
 
 # The other two heads repeat NormalTanhSampler's check with their class's code: slow
-# (tests/test_guarantees.py checks the state-independent head's float64 outputs).
+# (tests/docs/test_guarantees.py checks the state-independent head's float64 outputs).
 @pytest.mark.parametrize(
     "name", ["NormalTanhSampler", slow("SquashedNormalSampler"), slow("StateIndependentSampler")]
 )

@@ -20,7 +20,7 @@ import pytest
 import samplers
 from samplers.examples import linen_actor
 
-GUIDE = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "migrating.md"
+GUIDE = pathlib.Path(__file__).parents[2] / "docs" / "guides" / "migrating.md"
 OBS_DIM, A, B = 4, 3, 5
 ALPHA = 0.2
 # The made-up critic: Q(s, a) = -sum(W * (a - T)**2), the same for every state.
