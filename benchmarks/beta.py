@@ -12,14 +12,12 @@ what the module adds from what the distribution costs. Writes ``results/beta.md`
 and ``results/beta.json``.
 """
 
-import json
 from pathlib import Path
 from typing import NamedTuple
 
 import distrax
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 import samplers
 from benchmarks import implementations, timing
@@ -104,21 +102,15 @@ def _pure_layer(case):
 
 def _head(case):
     """``(rollout, loss, random_input)`` of the ``BetaSampler``, run as
-    ``samplers.functional`` runs it: split once, merged inside the jitted step, its
-    stream's state passed in and returned. The steps do not return its ``metrics``,
-    so XLA drops them."""
+    ``samplers.functional`` runs it (:func:`benchmarks.implementations.head_call`).
+    The steps do not return its ``metrics``, so XLA drops them."""
 
     def build(rngs):
         return samplers.BetaSampler(
             rngs, _W, action_dim=case.action_dim, low=case.low, high=case.high
         )
 
-    graphdef, _ = nnx.split(build(nnx.Rngs(0)))
-
-    def call(state, params, stored):
-        head = nnx.merge(graphdef, state)
-        out = head((), params, stored)
-        return out, nnx.to_pure_dict(nnx.state(head))
+    call, random_input = implementations.head_call(build)
 
     def rollout(params, state):
         out, state = call(state, params, None)
@@ -126,12 +118,7 @@ def _head(case):
 
     def loss(params, pre_image, old_log_likelihood, advantage, state):
         out, state = call(state, params, pre_image)
-        entropy = -out.regularization_loss / _W
-        log_likelihood = out.output["log_likelihood"]
-        return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), (state)
-
-    def random_input(key):
-        return nnx.to_pure_dict(nnx.state(build(nnx.Rngs(key))))
+        return implementations.head_surrogate(out, old_log_likelihood, advantage), state
 
     return rollout, loss, random_input
 
@@ -165,19 +152,16 @@ def inputs(case, batch, key):
 def time_case(case, batch, rounds):
     """``{workload: interleaved samples}`` of the implementations of ``case`` at ``batch``."""
     params, x, z, old_log_likelihood, advantage = inputs(case, batch, jax.random.key(0))
-    rollout, loss = {}, {}
-    for impl in implementations_of(case):
-        rng = impl.random_input(jax.random.key(1))
-        stored = x if impl.name == "handwritten" else z
-        rollout[impl.name] = (jax.jit(impl.rollout), (params, rng))
-        loss[impl.name] = (
-            jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
-            (params, stored, old_log_likelihood, advantage, rng),
+    steps = {
+        impl.name: timing.jitted_steps(
+            impl,
+            (params,),
+            # What each side stores: the hand-written code x, the samplers side z.
+            (params, x if impl.name == "handwritten" else z, old_log_likelihood, advantage),
         )
-    return {
-        "rollout": timing.interleaved(rollout, rounds),
-        "loss": timing.interleaved(loss, rounds),
+        for impl in implementations_of(case)
     }
+    return timing.time_steps(steps, rounds)
 
 
 def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=None):
@@ -212,11 +196,8 @@ def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=No
         "(min-max); below 1 is faster than the hand-written code.",
     ]
     sections += timing.workload_tables(results, _TITLES)
-    text = "\n".join(sections) + "\n"
-    (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
         "timings": timing.workload_records(results, _WORKLOADS),
     }
-    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return text
+    return timing.write_report(out_dir, name, sections, record)

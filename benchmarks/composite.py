@@ -12,7 +12,6 @@ separates what the composite adds from what its parts cost. Writes
 """
 
 import itertools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -286,20 +285,17 @@ def implementations_of(case: CompositeCase) -> list[implementations.Implementati
     jitted step, its streams' state passed in and returned. The timed steps do not
     return the head's ``metrics``, so XLA drops them.
     """
+    call, random_input = implementations.head_call(case.head)
     graphdef, _ = nnx.split(case.head(nnx.Rngs(0)))
 
     def composite(state, params, stored):
-        head = nnx.merge(graphdef, state)
-        out = head((), params, stored)
+        out, state = call(state, params, stored)
         outputs = (out.output["action"], out.output["log_likelihood"], out.regularization_loss)
-        return (*outputs, out.rollout_extras), nnx.to_pure_dict(nnx.state(head))
+        return (*outputs, out.rollout_extras), state
 
     def parts(state, params, stored):
         head = nnx.merge(graphdef, state)
         return case.by_hand(head, params, stored), nnx.to_pure_dict(nnx.state(head))
-
-    def random_input(key):
-        return nnx.to_pure_dict(nnx.state(case.head(nnx.Rngs(key))))
 
     return [
         implementations.Implementation("handwritten", *_hand_written_steps(case)),
@@ -327,19 +323,10 @@ def inputs(case, batch, key):
 
 def time_case(case, batch, rounds):
     """``{workload: interleaved samples}`` of the implementations of ``case`` at ``batch``."""
-    params, stored, old_log_likelihood, advantage = inputs(case, batch, jax.random.key(0))
-    rollout, loss = {}, {}
-    for impl in implementations_of(case):
-        rng = impl.random_input(jax.random.key(1))
-        rollout[impl.name] = (jax.jit(impl.rollout), (params, rng))
-        loss[impl.name] = (
-            jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
-            (params, stored, old_log_likelihood, advantage, rng),
-        )
-    return {
-        "rollout": timing.interleaved(rollout, rounds),
-        "loss": timing.interleaved(loss, rounds),
-    }
+    loss_inputs = inputs(case, batch, jax.random.key(0))  # params first
+    impls = implementations_of(case)
+    steps = {impl.name: timing.jitted_steps(impl, loss_inputs[:1], loss_inputs) for impl in impls}
+    return timing.time_steps(steps, rounds)
 
 
 def calls_alone(case):
@@ -400,10 +387,7 @@ def time_entropies(batch, rounds, num_actions=18):
         head = implementations_of(case)[1]
         fns[f"samplers, {entropy}"] = (head.loss, head.random_input(jax.random.key(1)))
     timed = {
-        name: (
-            jax.jit(jax.value_and_grad(loss, has_aux=True)),
-            (params, stored, old_log_likelihood, advantage, rng),
-        )
+        name: (timing.jitted_gradient(loss), (params, stored, old_log_likelihood, advantage, rng))
         for name, (loss, rng) in fns.items()
     }
     return timing.interleaved(timed, rounds)
@@ -500,8 +484,6 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
             ["implementation", "ms", f"time / {reference_entropy}"],
         ),
     ]
-    text = "\n".join(sections) + "\n"
-    (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
         "timings": timing.workload_records(results, _WORKLOADS),
@@ -512,5 +494,4 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
         ],
         "entropies": timing.records(entropies, batch=largest),
     }
-    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return text
+    return timing.write_report(out_dir, name, sections, record)

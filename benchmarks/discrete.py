@@ -11,7 +11,6 @@ rollout with its metrics returned. Writes ``results/discrete.md`` and
 ``results/discrete.json``.
 """
 
-import json
 from pathlib import Path
 
 import jax
@@ -54,20 +53,11 @@ def inputs(case, batch, key):
 
 def time_case(case, batch, rounds):
     """``{workload: interleaved samples}`` of the implementations of ``case`` at ``batch``."""
-    logits, mask, action, old_log_likelihood, advantage = inputs(case, batch, jax.random.key(0))
+    # The loss's inputs; the rollout takes the first two, the logits and the mask.
+    loss_inputs = inputs(case, batch, jax.random.key(0))
     impls = implementations.discrete_implementations(case)
-    rollout, loss = {}, {}
-    for impl in impls:
-        rng = impl.random_input(jax.random.key(1))
-        rollout[impl.name] = (jax.jit(impl.rollout), (logits, mask, rng))
-        loss[impl.name] = (
-            jax.jit(jax.value_and_grad(impl.loss, has_aux=True)),
-            (logits, mask, action, old_log_likelihood, advantage, rng),
-        )
-    return {
-        "rollout": timing.interleaved(rollout, rounds),
-        "loss": timing.interleaved(loss, rounds),
-    }
+    steps = {impl.name: timing.jitted_steps(impl, loss_inputs[:2], loss_inputs) for impl in impls}
+    return timing.time_steps(steps, rounds)
 
 
 def _parts(distribution):
@@ -194,8 +184,6 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
             ],
         ),
     ]
-    text = "\n".join(sections) + "\n"
-    (out_dir / f"{name}.md").write_text(text)
     record = {
         **conditions.record(rounds),
         "timings": timing.workload_records(results, _WORKLOADS, label="head"),
@@ -206,5 +194,4 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
             for record in timing.records(samples, head=head, batch=largest, piece=part)
         ],
     }
-    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return text
+    return timing.write_report(out_dir, name, sections, record)

@@ -70,6 +70,35 @@ def surrogate(log_likelihood, old_log_likelihood, advantage, entropy):
     return policy_loss - ENTROPY_WEIGHT * jnp.mean(entropy)
 
 
+def head_surrogate(out, old_log_likelihood, advantage):
+    """:func:`surrogate` of a head's output: its log-likelihood, and the entropy of which
+    its ``regularization_loss`` is the cost (the head built with ``ENTROPY_WEIGHT``)."""
+    entropy = -out.regularization_loss / ENTROPY_WEIGHT
+    return surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
+
+
+def head_call(build):
+    """``(call, random_input)`` of the head that ``build(rngs)`` makes, run as
+    ``samplers.functional`` runs one: split once, merged inside the step, its streams'
+    state passed in and returned.
+
+    ``call(state, inputs, rollout_extras, mask=...) -> (out, next_state)`` calls the
+    head positionally as ``head((), inputs, rollout_extras, mask=...)``;
+    ``random_input(key)`` is the state of the head built with ``nnx.Rngs(key)``.
+    """
+    graphdef, _ = nnx.split(build(nnx.Rngs(0)))
+
+    def call(state, *args, **options):
+        head = nnx.merge(graphdef, state)
+        out = head((), *args, **options)
+        return out, nnx.to_pure_dict(nnx.state(head))
+
+    def random_input(key):
+        return nnx.to_pure_dict(nnx.state(build(nnx.Rngs(key))))
+
+    return call, random_input
+
+
 def critic(action):
     """The fixed, made-up critic of the actor step: ``Q(a) = -sum(w * (a - c)**2)``.
 
@@ -157,9 +186,7 @@ def samplers_functions(**options):
 
     def loss(mean_and_std, raw, old_log_likelihood, advantage, state):
         out, state = apply(state, mean_and_std, raw)
-        entropy = -out.regularization_loss / ENTROPY_WEIGHT
-        value = surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
-        return value, state
+        return head_surrogate(out, old_log_likelihood, advantage), state
 
     def random_input(key):
         return samplers.functional(head(key))[1]
@@ -437,48 +464,31 @@ def _keyless(loss):
     return threaded
 
 
-def _discrete_head_call(case):
-    """The head split once (``nnx.split``) and merged inside the step, its stream as state."""
-    graphdef, _ = nnx.split(case.head(nnx.Rngs(0)))
-
-    def call(state, logits, mask, action=None):
-        head = nnx.merge(graphdef, state)
-        out = head((), logits, action, mask=mask)
-        return out, nnx.to_pure_dict(nnx.state(head))
-
-    return call
-
-
 def discrete_head_rollout_with_metrics(case):
     """The head's rollout, returning its ``metrics`` too.
 
     ``rollout(logits, mask, state) -> ((action, log_likelihood, metrics), next_state)``.
     """
-    call = _discrete_head_call(case)
+    call, _ = head_call(case.head)
 
     def rollout(logits, mask, state):
-        out, state = call(state, logits, mask)
+        out, state = call(state, logits, None, mask=mask)
         return (out.output["action"], out.output["log_likelihood"], out.metrics), state
 
     return rollout
 
 
 def _discrete_head_functions(case):
-    """``(rollout, loss, random_input)`` of the head."""
-    call = _discrete_head_call(case)
+    """``(rollout, loss, random_input)`` of the head (:func:`head_call`)."""
+    call, random_input = head_call(case.head)
 
     def rollout(logits, mask, state):
-        out, state = call(state, logits, mask)
+        out, state = call(state, logits, None, mask=mask)
         return (out.output["action"], out.output["log_likelihood"]), state
 
     def loss(logits, mask, action, old_log_likelihood, advantage, state):
-        out, state = call(state, logits, mask, action)
-        entropy = -out.regularization_loss / ENTROPY_WEIGHT
-        value = surrogate(out.output["log_likelihood"], old_log_likelihood, advantage, entropy)
-        return value, state
-
-    def random_input(key):
-        return nnx.to_pure_dict(nnx.state(case.head(nnx.Rngs(key))))
+        out, state = call(state, logits, action, mask=mask)
+        return head_surrogate(out, old_log_likelihood, advantage), state
 
     return rollout, loss, random_input
 

@@ -1,4 +1,4 @@
-"""What every suite shares: interleaved timing, its summary, and the report's pieces.
+"""What every suite shares: the device, interleaved timing, its summary, and the report's pieces.
 
 An implementation's sample in a round is ``(seconds per call, ratio to the first
 implementation's seconds in the same round)``; the rounds run the implementations
@@ -7,6 +7,7 @@ alike.
 """
 
 import datetime
+import json
 import os
 import platform
 import random
@@ -17,8 +18,30 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+import jax.extend.backend
 
 FIELDS = ("seconds", "ratio", "low", "high")  # the names of a summary's values
+
+
+def select_device(name=None):
+    """The device to run on: JAX's default, or the first of platform ``name``.
+
+    ``name`` is ``cpu``, ``gpu``, ``tpu`` or a platform name such as ``cuda``.
+
+    Raises:
+        ValueError: no device of that platform is available here.
+    """
+    if name is None:
+        return jax.devices()[0]
+    try:
+        return jax.devices(name)[0]
+    except RuntimeError:
+        available = sorted(jax.extend.backend.backends())
+        raise ValueError(
+            f"--device {name!r}: JAX has no {name} device here; the platforms available "
+            f"are {available}. Pass one of them, or install JAX's plugin for {name} "
+            f"(e.g. pip install 'jax[cuda12]' for gpu)."
+        ) from None
 
 
 def call_seconds(fn, args, calls):
@@ -50,6 +73,46 @@ def interleaved(fns, rounds, round_seconds=0.05):
         for name in fns:
             samples[name].append((seconds[name], seconds[name] / seconds[reference]))
     return samples
+
+
+def jitted_gradient(loss):
+    """The jitted value and gradient of ``loss``, which returns ``(value, next_random_input)``."""
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+def jitted_steps(impl, rollout_inputs, loss_inputs):
+    """``(rollout, loss)`` of ``impl``, each ``(fn, args)`` as :func:`interleaved` takes them.
+
+    The rollout is jitted, the loss's value and gradient too (:func:`jitted_gradient`);
+    each takes its inputs followed by the implementation's random input, made from
+    ``jax.random.key(1)``. An implementation without a loss (the floor) gives its
+    rollout for both.
+    """
+    random_input = impl.random_input(jax.random.key(1))
+    rollout = (jax.jit(impl.rollout), (*rollout_inputs, random_input))
+    if impl.loss is None:
+        return rollout, rollout
+    return rollout, (jitted_gradient(impl.loss), (*loss_inputs, random_input))
+
+
+def time_steps(steps, rounds, round_seconds=0.05):
+    """The rollouts, then the losses, of ``steps``, each workload in :func:`interleaved` rounds.
+
+    Args:
+        steps: ``{name: (rollout, loss)}`` as :func:`jitted_steps` gives them; the
+            first is the reference.
+        rounds: How many rounds.
+        round_seconds: About how long each implementation runs per round.
+
+    Returns:
+        ``{"rollout": {name: samples}, "loss": {name: samples}}``.
+    """
+    rollout = {name: step for name, (step, _) in steps.items()}
+    loss = {name: step for name, (_, step) in steps.items()}
+    return {
+        "rollout": interleaved(rollout, rounds, round_seconds),
+        "loss": interleaved(loss, rounds, round_seconds),
+    }
 
 
 def summary(samples):
@@ -112,6 +175,18 @@ def table(rows, header):
     """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def write_report(out_dir, name, sections, record):
+    """Writes ``{name}.md``, the sections a line each, and ``{name}.json``, the record.
+
+    Returns:
+        The Markdown text.
+    """
+    text = "\n".join(sections) + "\n"
+    (out_dir / f"{name}.md").write_text(text)
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return text
 
 
 def version(package):

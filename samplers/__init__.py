@@ -3,15 +3,30 @@
 Two layers, one direction of imports:
 
 - :mod:`samplers.distributions`, the pure layer: network outputs in, real
-  ``distrax`` objects out (:func:`normal_tanh`, :func:`squashed_normal`,
-  :class:`SquashedNormal`, the bijectors :class:`Tanh`, :class:`Sigmoid`,
-  :class:`BoundedTanh`, :class:`SquashedBeta` (a Beta on a box, sampled and
-  scored through its logit), :class:`MaskedCategorical` for discrete actions with a
-  mask, and diagnostics of the actions);
-- :mod:`samplers.heads`, the NNX shell: :class:`SquashedNormalSampler` (and its
-  specified name :class:`NormalTanhSampler`), :class:`StateIndependentSampler`
-  and :class:`DistributionSampler` hold the RNG stream, deterministic mode and
-  replay of stored pre-images.
+  ``distrax`` distributions out, which sample an action with the data that scores
+  it again exactly. The bijectors :class:`Tanh`, :class:`Sigmoid` and
+  :class:`BoundedTanh` declare their bounds as a :class:`Squashing`;
+  :class:`SquashedNormal` is built by :func:`normal_tanh`, :func:`squashed_normal`,
+  :func:`squashed_normal_from_std` and :func:`squashed_normal_from_log_std`;
+  :class:`SquashedBeta` (built by :func:`squashed_beta`) is a Beta on a box, sampled
+  and scored through its logit, whose distribution is :class:`LogitBeta`;
+  :class:`MaskedCategorical`, :class:`MultiDiscrete` and :class:`MultiBinary` are
+  discrete distributions with action masks; :class:`Composite` (independent parts
+  of a ``Dict`` or ``Tuple`` action) and :class:`Parameterized` (a choice among
+  discrete actions with parameters of their own) are distributions over structured
+  actions; :class:`Replayable` is the protocol of a distribution that samples an
+  action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
+  :func:`ppo_log_ratio_stats` diagnose the actions.
+- :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that
+  hold the RNG stream, deterministic mode, the replay of stored data and the entropy
+  cost. :class:`SquashedNormalSampler` (and its specified name
+  :class:`NormalTanhSampler`) and :class:`StateIndependentSampler` for squashed
+  Normals, :class:`BetaSampler` for a Beta on a box, :class:`CategoricalSampler`,
+  :class:`MultiDiscreteSampler` and :class:`MultiBinarySampler` for masked discrete
+  actions, :class:`CompositeSampler` for ``Dict`` and ``Tuple`` actions,
+  :class:`ParameterizedSampler` for parameterised actions, and
+  :class:`DistributionSampler` for any distrax distribution; :func:`head_for` picks
+  the head for a gymnasium or gymnax action space.
 
 :func:`cross_check` compares a user's own log-likelihood with this library's.
 """
@@ -19,10 +34,13 @@ Two layers, one direction of imports:
 from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode_pre_image
 from samplers.distributions import (
     BoundedTanh,
+    Composite,
     LogitBeta,
     MaskedCategorical,
     MultiBinary,
     MultiDiscrete,
+    Parameterized,
+    Replayable,
     Sigmoid,
     SquashedBeta,
     SquashedNormal,
@@ -61,6 +79,7 @@ __all__ = [
     "BetaSampler",
     "BoundedTanh",
     "CategoricalSampler",
+    "Composite",
     "CompositeSampler",
     "CrossCheckReport",
     "DistributionSampler",
@@ -71,7 +90,9 @@ __all__ = [
     "MultiDiscrete",
     "MultiDiscreteSampler",
     "NormalTanhSampler",
+    "Parameterized",
     "ParameterizedSampler",
+    "Replayable",
     "Sigmoid",
     "SquashedBeta",
     "SquashedNormal",

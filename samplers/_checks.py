@@ -2,6 +2,7 @@
 
 import math
 import numbers
+import reprlib
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,63 @@ def float_array(name: str, value, *, hint: str = "") -> jax.Array:
             f"cast it with .astype(jnp.float32)."
         )
     return jnp.asarray(value)
+
+
+def computing_dtype(dtype) -> np.dtype:
+    """The dtype parameters of ``dtype`` are computed in: float16 and bfloat16 lose the
+    tails of log-densities, so they compute (and return) in float32; others are kept."""
+    return np.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else np.dtype(dtype)
+
+
+def numeric_array(name: str, value) -> jax.Array:
+    """Returns ``value`` as a JAX array after checking that it holds numbers.
+
+    Raises:
+        TypeError: ``value`` is a string, or anything else JAX makes no array of.
+    """
+    text = isinstance(value, (str, bytes)) or (
+        isinstance(value, np.ndarray) and value.dtype.kind in "OSU"
+    )
+    if not text:
+        try:
+            return jnp.asarray(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(
+        f"{name} must be an array of numbers, got {reprlib.repr(value)} of type "
+        f"{type(value).__name__}; pass a floating array, e.g. jnp.asarray(..., jnp.float32)."
+    )
+
+
+def float_parameters(name: str, value) -> jax.Array:
+    """Returns ``value`` as a floating JAX array in its computing dtype
+    (:func:`computing_dtype`: float16 and bfloat16 become float32).
+
+    Raises:
+        TypeError: ``value`` is not an array of numbers, or its dtype is not floating.
+    """
+    array = float_array(name, numeric_array(name, value))
+    return array.astype(computing_dtype(array.dtype))
+
+
+def logits_array(name: str, value) -> jax.Array:
+    """Returns logits as ``distrax.Categorical`` takes them, in their computing dtype:
+    integers as JAX's functions convert them (float32; float64 for 64-bit integers,
+    which exist under ``jax_enable_x64``), float16 and bfloat16 as float32.
+
+    Raises:
+        TypeError: ``value`` is boolean, or not an array of numbers.
+    """
+    array = numeric_array(name, value)
+    if array.dtype == jnp.bool_:
+        raise TypeError(
+            f"{name} must be numbers, got booleans of shape {array.shape}: booleans are a "
+            f"mask of allowed actions; pass them as mask= with float logits, or cast the "
+            f"logits with .astype(jnp.float32)."
+        )
+    if jnp.issubdtype(array.dtype, jnp.integer):
+        array = array.astype(jnp.float64 if jnp.iinfo(array.dtype).bits == 64 else jnp.float32)
+    return float_parameters(name, array)
 
 
 def positive_int(name: str, value) -> int:

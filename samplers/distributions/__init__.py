@@ -13,6 +13,7 @@ never the other way round.
 from samplers.distributions.beta import LogitBeta, SquashedBeta, squashed_beta
 from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
 from samplers.distributions.categorical import MaskedCategorical
+from samplers.distributions.composite import Composite, Parameterized
 from samplers.distributions.constructors import (
     normal_tanh,
     squashed_normal,
@@ -25,6 +26,7 @@ from samplers.distributions.diagnostics import (
     saturation_fraction,
 )
 from samplers.distributions.discrete import MultiBinary, MultiDiscrete
+from samplers.distributions.replay import Replayable
 from samplers.distributions.squashed_normal import SquashedNormal
 
 # Registers the KL divergence of two squashed Normals with TFP.
@@ -32,10 +34,13 @@ from samplers.distributions import kl  # noqa: F401  # isort: skip
 
 __all__ = [
     "BoundedTanh",
+    "Composite",
     "LogitBeta",
     "MaskedCategorical",
     "MultiBinary",
     "MultiDiscrete",
+    "Parameterized",
+    "Replayable",
     "Sigmoid",
     "SquashedBeta",
     "SquashedNormal",

@@ -220,26 +220,173 @@ def _beta_entropy_jvp(primals, tangents):
     return beta_entropy(a, b), d_a * a_dot + d_b * b_dot
 
 
+def _close(x, y, h):
+    """Where ``y = x + h`` is within half of the smaller of ``x`` and ``y`` of ``x``: there
+    ``h`` is used, which the caller holds exactly (``y`` itself may be rounded)."""
+    return jnp.abs(h) <= 0.5 * jnp.minimum(x, y)
+
+
+def _log_ratio(x, y, h):
+    """``log(y / x)`` for ``y = x + h``: ``log1p(h / x)`` where they are close, else the
+    difference of the logarithms (``log1p(h / x)`` loses ``y`` where it is below the
+    rounding of ``x``, as ``1e-3`` is beside ``1e5`` in float32)."""
+    close = _close(x, y, h)
+    return jnp.where(close, jnp.log1p(jnp.where(close, h, 0.0) / x), jnp.log(y) - jnp.log(x))
+
+
+def _horner_slope(coefficients, p, q):
+    """``P(p)`` and ``(P(p) - P(q)) / (p - q)`` for the polynomial ``P`` of ``coefficients``
+    (lowest first): Horner's scheme with its divided difference carried alongside."""
+    value, slope = jnp.zeros_like(p), jnp.zeros_like(p)
+    for c in reversed(coefficients):
+        slope = slope * q + value
+        value = value * p + c
+    return value, slope
+
+
+def _delta_differences(x, y, h):
+    """``delta(y) - delta(x)`` and the same for ``delta'`` and ``delta''``, ``y = x + h``.
+
+    Where ``x`` and ``y`` are close, from ``h`` itself: both are carried up by the same
+    ``m`` steps to ``x + m`` and ``y + m``, and each step's difference and the series'
+    are written as ``h`` times a quotient (the series are ``r`` or 1 times polynomials
+    in ``r**2``, ``r = 1 / (t + m)``, differenced by :func:`_horner_slope`), so that
+    the rounding of ``y`` costs nothing and a small difference keeps its relative
+    accuracy. Elsewhere the differences of the values, which do not cancel badly there.
+    """
+    close = _close(x, y, h)
+    h = jnp.where(close, h, 0.0)
+    threshold = _SERIES_FROM.get(jnp.finfo(x.dtype).bits, 4.0)
+    m = jnp.maximum(jnp.ceil(threshold - jnp.minimum(x, y)), 0.0)
+    r_x, r_y = 1.0 / (x + m), 1.0 / (y + m)
+    d_r = -h * r_x * r_y  # r_y - r_x
+    d_square = d_r * (r_x + r_y)  # r_y**2 - r_x**2
+    p, q = r_y * r_y, r_x * r_x
+    # delta = r P(r**2), delta' = Q(r**2), delta'' = r R(r**2).
+    series, series_slope = _horner_slope(_DELTA, p, q)
+    _, prime_slope = _horner_slope((0.0, *_DELTA_PRIME), p, q)
+    second, second_slope = _horner_slope((0.0, *_DELTA_SECOND), p, q)
+    d_delta = d_r * series + r_x * d_square * series_slope
+    d_prime = d_square * prime_slope
+    d_second = d_r * second + r_x * d_square * second_slope
+    for k in range(int(threshold)):
+        on = k < m
+        u_x, u_y = x + k, y + k
+        # The steps of _delta, _delta_prime and _delta_second at u_y less those at u_x.
+        log_step = jnp.log1p(-h / (u_y * (u_x + 1.0)))  # log1p(1/u_y) - log1p(1/u_x)
+        step = h * jnp.log1p(1.0 / u_y) + (u_x + 0.5) * log_step
+        step_prime = log_step + 0.5 * h / (u_x * u_y) + 0.5 * h / ((u_x + 1.0) * (u_y + 1.0))
+        w_x, w_y = u_x * (u_x + 1.0), u_y * (u_y + 1.0)  # delta'' steps 1 / (2 w**2)
+        step_second = -0.5 * h * (u_x + u_y + 1.0) * (w_x + w_y) / jnp.square(w_x * w_y)
+        d_delta = d_delta + jnp.where(on, step, 0.0)
+        d_prime = d_prime + jnp.where(on, step_prime, 0.0)
+        d_second = d_second + jnp.where(on, step_second, 0.0)
+    points = jnp.stack([y, x])
+    far = [f[0] - f[1] for f in (_delta(points), _delta_prime(points), _delta_second(points))]
+    return tuple(
+        jnp.where(close, near, away)
+        for near, away in zip((d_delta, d_prime, d_second), far, strict=True)
+    )
+
+
+def _polygamma_differences(x, y, h):
+    """``digamma(y) - digamma(x)`` and ``trigamma(y) - trigamma(x)`` for ``y = x + h``:
+    ``log(y / x) + h / (2 x y) + delta'(y) - delta'(x)`` and ``-h / (x y) - h (x + y) /
+    (2 (x y)**2) + delta''(y) - delta''(x)``."""
+    _, d_prime, d_second = _delta_differences(x, y, h)
+    h = jnp.where(_close(x, y, h), h, y - x)
+    inverse = 1.0 / x / y
+    digamma = _log_ratio(x, y, h) + 0.5 * h * inverse + d_prime
+    trigamma = -h * inverse - 0.5 * h * (x + y) * inverse * inverse + d_second
+    return digamma, trigamma
+
+
+def _trigamma(t):
+    """``trigamma(t) = 1 / t + 1 / (2 t**2) + delta''(t)``, every term positive for ``t > 0``."""
+    return 1.0 / t + 0.5 / (t * t) + _delta_second(t)
+
+
+def _kl_value(a1, b1, a2, b2):
+    """``KL(Beta(a1, b1) || Beta(a2, b2))`` in Loader's form (see :func:`kl`)."""
+    n1, n2 = a1 + b1, a2 + b2
+    difference = (a2 * b1 - a1 * b2) / n1  # a2 - n2 a1 / n1 = -(b2 - n2 b1 / n1)
+    # log(a2 / m) from the quotient, not from four logarithms of size log(a).
+    m_a, m_b = n2 * (a1 / n1), n2 * (b1 / n1)
+    bd0_a = _bd0(a2, a2 + m_a, difference, jnp.log(a2 / m_a))[0]
+    bd0_b = _bd0(b2, b2 + m_b, -difference, jnp.log(b2 / m_b))[0]
+    da, db = a1 - a2, b1 - b2
+    log_scales = 0.5 * (
+        _log_ratio(a2, a1, da) + _log_ratio(b2, b1, db) - _log_ratio(n2, n1, da + db)
+    )
+    inverse_terms = -da * b1 / (2.0 * a1 * n1) - db * a1 / (2.0 * b1 * n1)
+    # Each difference from its exact step (n1 is rounded: n1 - a1 is b1), in one call.
+    deltas, slopes, _ = _delta_differences(
+        jnp.stack([a1, b1, n1, a1, b1]),
+        jnp.stack([a2, b2, n2, n1, n1]),
+        jnp.stack([-da, -db, -(da + db), b1, a1]),
+    )
+    value = (
+        bd0_a
+        + bd0_b
+        + log_scales
+        + inverse_terms
+        - (da * slopes[3] + db * slopes[4])  # da (delta'(a1) - delta'(n1)) + ...
+        + (deltas[0] + deltas[1] - deltas[2])
+    )
+    return jnp.where((a1 == a2) & (b1 == b2), 0.0, value)
+
+
+@jax.custom_jvp
 @jax.jit
 def kl(a1, b1, a2, b2):
-    """``KL(Beta(a1, b1) || Beta(a2, b2))`` elementwise, in Loader's form.
+    """``KL(Beta(a1, b1) || Beta(a2, b2))`` elementwise, all of one shape, in Loader's form.
 
     ``(a1 - a2)(digamma(a1) - digamma(n1)) + (b1 - b2)(digamma(b1) - digamma(n1)) +
     log B(a2, b2) - log B(a1, b1)``, rewritten so that nothing of size ``a log a``
-    cancels: exactly 0 for equal parameters.
+    cancels; exactly 0 where the parameters are equal. The derivatives are the
+    closed forms ``dKL/da1 = (a1 - a2) trigamma(a1) - (n1 - n2) trigamma(n1)`` and
+    ``dKL/da2 = digamma(a2) - digamma(a1) - digamma(n2) + digamma(n1)`` (likewise
+    for ``b``), with each difference of polygammas at nearby points computed from
+    the difference of the points: exactly 0 with respect to ``a1`` and ``b1`` at equal
+    parameters, and differentiable again (the Hessian there is the Fisher
+    information).
     """
+    return _kl_value(a1, b1, a2, b2)
+
+
+@kl.defjvp
+def _kl_jvp(primals, tangents):
+    a1, b1, a2, b2 = primals
     n1, n2 = a1 + b1, a2 + b2
-    difference = (a2 * b1 - a1 * b2) / n1  # a2 - n2 a1 / n1 = -(b2 - n2 b1 / n1)
-    log_n = jnp.log(n1) - jnp.log(n2)
-    bd0_a = _bd0(a2, a2 + n2 * a1 / n1, difference, jnp.log(a2) - jnp.log(a1) + log_n)[0]
-    bd0_b = _bd0(b2, b2 + n2 * b1 / n1, -difference, jnp.log(b2) - jnp.log(b1) + log_n)[0]
     da, db = a1 - a2, b1 - b2
-    log_scales = 0.5 * (jnp.log1p(da / a2) + jnp.log1p(db / b2) - jnp.log1p((da + db) / n2))
-    inverse_terms = -da * b1 / (2.0 * a1 * n1) - db * a1 / (2.0 * b1 * n1)
-    delta_prime_n = _delta_prime(n1)
-    slopes = da * (_delta_prime(a1) - delta_prime_n) + db * (_delta_prime(b1) - delta_prime_n)
-    deltas = (_delta(a2) - _delta(a1)) + (_delta(b2) - _delta(b1)) - (_delta(n2) - _delta(n1))
-    return bd0_a + bd0_b + log_scales + inverse_terms + slopes + deltas
+    # Each difference from its exact step (n1 - a1 is b1, n2 - n1 is -(da + db)), in
+    # one call: digamma(y) - digamma(x) and trigamma(y) - trigamma(x) for
+    # (x, y) = (a1, n1), (b1, n1), (a2, n2), (b2, n2), (n1, n2), (a1, a2), (b1, b2).
+    digamma, trigamma = _polygamma_differences(
+        jnp.stack([a1, b1, a2, b2, n1, a1, b1]),
+        jnp.stack([n1, n1, n2, n2, n2, a2, b2]),
+        jnp.stack([b1, a1, b2, a2, -(da + db), -da, -db]),
+    )
+    trigamma_n = _trigamma(n1)
+    slopes = (
+        # (a1 - a2) trigamma(a1) - (n1 - n2) trigamma(n1), with n1 - n2 = da + db.
+        -da * trigamma[0] - db * trigamma_n,
+        -db * trigamma[1] - da * trigamma_n,
+        _digamma_slope(digamma[5], digamma[4], digamma[0], digamma[2]),
+        _digamma_slope(digamma[6], digamma[4], digamma[1], digamma[3]),
+    )
+    return kl(*primals), sum(s * t for s, t in zip(slopes, tangents, strict=True))
+
+
+def _digamma_slope(across_a, across_n, within_1, within_2):
+    """``dKL/da2 = digamma(a2) - digamma(a1) - digamma(n2) + digamma(n1)``, summed in the
+    grouping whose two differences are the smaller (their rounding is the error):
+    across the distributions, ``(digamma(a2) - digamma(a1)) - (digamma(n2) -
+    digamma(n1))``, or within each, ``(digamma(n1) - digamma(a1)) - (digamma(n2) -
+    digamma(a2))``."""
+    across = jnp.abs(across_a) + jnp.abs(across_n)
+    within = jnp.abs(within_1) + jnp.abs(within_2)
+    return jnp.where(across <= within, across_a - across_n, within_1 - within_2)
 
 
 # The pathwise derivative of a Gamma sample, d log G / d a = -(dP(a, x)/da) / (x p(x; a))

@@ -73,11 +73,7 @@ def standard_normal(seed, loc, num_samples: int | None = None):
         if num_samples == 1:
             return jax.random.normal(seed, loc.shape, dtype)[None]
         return jax.random.normal(seed, (num_samples, *loc.shape), dtype)
-    if seed.shape != batch_shape:
-        raise ValueError(
-            f"seed must be one key or one key per batch element, shape {batch_shape}, got "
-            f"keys of shape {seed.shape}; make them with jax.random.split(key, n)."
-        )
+    check_keys(seed, batch_shape)
     event_shape = (action_size,) if num_samples is None else (num_samples, action_size)
     draw = jax.vmap(lambda key: jax.random.normal(key, event_shape, dtype))
     noise = draw(seed.reshape(-1)).reshape(*batch_shape, *event_shape)
@@ -88,3 +84,12 @@ def is_key_array(seed) -> bool:
     """Whether ``seed`` is an array of typed keys (``jax.random.key``)."""
     dtype = getattr(seed, "dtype", None)
     return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def check_keys(seed, batch_shape: tuple[int, ...]) -> None:
+    """Refuses (``ValueError``) keys that are not one per batch element."""
+    if seed.shape != tuple(batch_shape):
+        raise ValueError(
+            f"seed must be one key or one key per batch element, shape {tuple(batch_shape)}, "
+            f"got keys of shape {seed.shape}; make them with jax.random.split(key, n)."
+        )

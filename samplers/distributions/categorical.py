@@ -9,11 +9,12 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
+from samplers.distributions.replay import ActionReplay
 
 tfd = tfp.distributions
 
 
-class MaskedCategorical(distrax.Categorical):
+class MaskedCategorical(distrax.Categorical, ActionReplay):
     """``distrax.Categorical`` over the actions that ``mask`` allows.
 
     A masked action has probability exactly 0 and log-probability ``-inf``;
@@ -30,13 +31,16 @@ class MaskedCategorical(distrax.Categorical):
     way; an allowed ``-inf`` is an action of probability 0.
 
     Args:
-        logits: Unnormalised log-probabilities, shape ``[*batch, num_actions]``.
+        logits: Unnormalised log-probabilities, shape ``[*batch, num_actions]``:
+            floating, or integers as ``distrax.Categorical`` takes them (float32,
+            float64 for int64 under ``jax_enable_x64``); float16 and bfloat16
+            are computed, and returned, in float32.
         mask: Booleans of ``logits``' shape, True where the action is allowed;
             ``None`` allows every action.
         dtype: The dtype of the sampled actions, as in ``distrax.Categorical``.
 
     Raises:
-        TypeError: ``logits`` is not floating, or ``mask`` is not boolean.
+        TypeError: ``logits`` is boolean or not numbers, or ``mask`` is not boolean.
         ValueError: ``logits`` has no action axis, or ``mask``'s shape differs.
 
     Example:
@@ -54,7 +58,7 @@ class MaskedCategorical(distrax.Categorical):
         mask: Bool[ArrayLike, "*batch actions"] | None = None,
         dtype: Any = int,
     ):
-        logits = _checks.float_array("logits", logits)
+        logits = _checks.logits_array("logits", logits)
         if logits.ndim < 1:
             raise ValueError(
                 "logits must have an action axis, shape [*batch, num_actions], got a scalar."

@@ -42,7 +42,8 @@ def squashed_normal(
         NaN, never a finite wrong number (``tanh(inf)`` would be the action 1).
 
     Raises:
-        TypeError: ``mean_and_std`` is not floating, or an option is not a number.
+        TypeError: ``mean_and_std`` is not a floating array (a string, integers), or
+            an option is not a number.
         ValueError: the last axis is missing or odd, or an option is out of range.
 
     Example:
@@ -51,7 +52,7 @@ def squashed_normal(
         >>> dist.batch_shape, dist.event_shape
         ((4,), (3,))
     """
-    mean_and_std = _checks.float_array("mean_and_std", mean_and_std)
+    mean_and_std = _checks.float_parameters("mean_and_std", mean_and_std)
     min_std = _checks.real_number("min_std", min_std, minimum=0.0)
     std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
     if mean_and_std.ndim < 1 or mean_and_std.shape[-1] % 2 or mean_and_std.shape[-1] == 0:
@@ -59,7 +60,6 @@ def squashed_normal(
             f"mean_and_std must have a last axis of even length 2 * action_dim "
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
-    mean_and_std = mean_and_std.astype(_computing_dtype(mean_and_std.dtype))
     mean, std = _mean_and_softplus_std(mean_and_std, min_std, std_scale)
     return SquashedNormal(mean, std, bijector)
 
@@ -128,7 +128,8 @@ def squashed_normal_from_std(
         computed (and returned) in float32.
 
     Raises:
-        TypeError: ``mean`` or ``std`` is not floating, or ``min_std`` is not a number.
+        TypeError: ``mean`` or ``std`` is not a floating array (a string, integers),
+            or ``min_std`` is not a number.
         ValueError: the shapes differ or have no action axis, or ``min_std < 0``.
 
     Example:
@@ -177,7 +178,8 @@ def squashed_normal_from_log_std(
         A ``SquashedNormal`` as :func:`squashed_normal_from_std` returns it.
 
     Raises:
-        TypeError: ``mean`` or ``log_std`` is not floating, or a bound is not a number.
+        TypeError: ``mean`` or ``log_std`` is not a floating array (a string,
+            integers), or a bound is not a number.
         ValueError: the shapes differ or have no action axis, a bound is not
             finite, or ``log_std_min > log_std_max``.
 
@@ -213,8 +215,8 @@ def squashed_normal_from_log_std(
 
 def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
     """``mean`` and ``spread`` (std or log-std) checked, in one dtype of at least 32 bits."""
-    mean = _checks.float_array("mean", mean)
-    spread = _checks.float_array(name, spread)
+    mean = _checks.float_parameters("mean", mean)
+    spread = _checks.float_parameters(name, spread)
     if mean.ndim < 1:
         raise ValueError(
             f"mean and {name} need an action axis, shape [*batch, action], got "
@@ -226,10 +228,5 @@ def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
             f"and {spread.shape}; broadcast them yourself (e.g. a state-independent {name} "
             f"with jnp.broadcast_to({name}, mean.shape))."
         )
-    dtype = _computing_dtype(jnp.result_type(mean, spread))
+    dtype = jnp.result_type(mean, spread)
     return mean.astype(dtype), spread.astype(dtype)
-
-
-def _computing_dtype(dtype):
-    """float16 and bfloat16 lose the tails of log-densities: they compute in float32."""
-    return jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype

@@ -45,7 +45,7 @@ def saturation_fraction(
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from samplers.distributions.diagnostics import saturation_fraction
+        >>> from samplers import saturation_fraction
         >>> saturation_fraction(jnp.array([0.5, -3.0, 8.5, -20.0]))
         Array(0.5, dtype=float32)
     """
@@ -90,7 +90,7 @@ def bound_distance(
 
     Example:
         >>> import jax.numpy as jnp, samplers
-        >>> from samplers.distributions.diagnostics import bound_distance
+        >>> from samplers import bound_distance
         >>> bound_distance(samplers.BoundedTanh(0.0, 2.0), jnp.array([[0.5, 1.9], [1.0, 1.0]]))
         Array([0.1, 1. ], dtype=float32)
     """
@@ -152,7 +152,7 @@ def ppo_log_ratio_stats(
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from samplers.distributions.diagnostics import ppo_log_ratio_stats
+        >>> from samplers import ppo_log_ratio_stats
         >>> stats = ppo_log_ratio_stats(jnp.log(jnp.array([1.0, 1.5])), jnp.zeros(2))
         >>> stats["clip_fraction"], stats["ratio_deviation_max"]
         (Array(0.5, dtype=float32), Array(0.5, dtype=float32))

@@ -17,11 +17,12 @@ from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
 from samplers.distributions.categorical import MaskedCategorical
+from samplers.distributions.replay import ActionReplay
 
 tfd = tfp.distributions
 
 
-class _SubActions(distrax.Independent):
+class _SubActions(distrax.Independent, ActionReplay):
     """``distrax.Independent`` over one distribution per sub-action."""
 
     def __getitem__(self, index):
@@ -79,7 +80,7 @@ class MultiDiscrete(_SubActions):
         dtype: Any = int,
     ):
         nvec = _checks.nvec(nvec)
-        logits = _checks.float_array("logits", logits)
+        logits = _checks.float_parameters("logits", logits)
         total = sum(nvec)
         if logits.ndim < 1 or logits.shape[-1] != total:
             raise ValueError(
@@ -145,7 +146,7 @@ class MultiBinary(_SubActions):
         mask: Bool[ArrayLike, "*batch bits 2"] | None = None,
         dtype: Any = int,
     ):
-        logits = _checks.float_array("logits", logits)
+        logits = _checks.float_parameters("logits", logits)
         if logits.ndim < 1:
             raise ValueError("logits must have a bit axis, shape [*batch, num_bits], got a scalar.")
         if mask is not None:
@@ -181,6 +182,10 @@ class _Bernoulli(distrax.Bernoulli):
     ``-inf``, and one that is not a whole number NaN, as in
     :class:`MaskedCategorical`.
     """
+
+    def __getitem__(self, index) -> "_Bernoulli":
+        """Indexes the batch, keeping the class (distrax's returns a ``distrax.Bernoulli``)."""
+        return _Bernoulli(logits=jnp.asarray(self.logits)[index], dtype=self._dtype)
 
     def _sample_n(self, key, n: int) -> Array:
         probs = self.probs

@@ -12,7 +12,7 @@ does). The constructors from network outputs are in
 error bounds that the tests check, are on the documentation's guarantees page.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import distrax
@@ -27,15 +27,12 @@ from samplers import _checks
 from samplers._numerics import log_ndtr
 from samplers.distributions import _pre_images, _squashed
 from samplers.distributions.bijectors import bijector_name, squashing
+from samplers.distributions.replay import PreImageReplay
 
 tfd = tfp.distributions
-# distrax's own argument types for sample(): an integer seed or a key.
-_Int = int | np.int16 | np.int32 | np.int64
-_Seed = _Int | PRNGKeyArray
-_SampleShape = _Int | Sequence[_Int]
 
 
-class SquashedNormal(distrax.Transformed):
+class SquashedNormal(PreImageReplay):
     """A diagonal Normal over the last axis pushed through an elementwise bijector.
 
     ``x = loc + scale * eps`` with ``eps ~ N(0, I)``, and the action is
@@ -86,6 +83,8 @@ class SquashedNormal(distrax.Transformed):
         >>> action, dist.log_prob(action)  # distrax.Transformed gives NaN
         (Array([1., 1.], dtype=float32), Array(37.357, dtype=float32))
     """
+
+    _replay_hint = " (the stored pre-tanh action)"
 
     def __init__(
         self,
@@ -140,29 +139,16 @@ class SquashedNormal(distrax.Transformed):
         return self._scale
 
     @property
-    def _elementwise(self) -> distrax.Bijector:
-        """The elementwise bijector ``f`` inside the ``Block``."""
-        # Taken from the (possibly rebuilt) Block each time rather than stored, so
-        # that a distribution that crossed a jit boundary holds no stale reference.
-        return cast(distrax.Block, self.bijector).bijector
+    def _parameters(self) -> tuple[Array, Array]:
+        return self._loc, self._scale
+
+    def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
+        """``loc``, the pre-image of :meth:`deterministic_action`."""
+        return self._loc
 
     def _log_det(self, x):
         """``log|f'(x)|`` elementwise, the shape of ``x``."""
         return self._elementwise.forward_log_det_jacobian(x)
-
-    def _forward(self, pre_image) -> Array:
-        """``f(pre_image)``, the shape of ``pre_image``; for the squashings, differentiated
-        with ``f'(x) > 0`` also where ``f(x)`` rounds onto a bound (autodiff of float32
-        ``tanh`` gives 0 there)."""
-        if squashing(self.bijector) is None:
-            return jnp.asarray(self.bijector.forward(pre_image))
-        return _squashed.squashing_forward(self._elementwise, pre_image)
-
-    def _remember(self, pre_image) -> Array:
-        """``f(pre_image)``, remembered with its pre-image for :meth:`log_prob`."""
-        action = self._forward(pre_image)
-        _pre_images.PRE_IMAGES.remember(action, pre_image, self._elementwise)
-        return action
 
     def log_prob(
         self,
@@ -220,12 +206,12 @@ class SquashedNormal(distrax.Transformed):
         """
         if min_distance is not None:
             return self._clamped_log_prob(value, min_distance)
-        pre_image = _pre_images.PRE_IMAGES.recall(value, self._elementwise)
-        if pre_image is not None:
-            return self.log_prob_from_pre_image(pre_image)
+        return super().log_prob(value)
+
+    def _log_prob_of_action(self, value) -> Array:
         bounds = squashing(self.bijector)
         if bounds is None:
-            return jnp.asarray(super().log_prob(value))
+            return jnp.asarray(distrax.Transformed.log_prob(self, value))
         action, loc, scale = self._broadcast("value", value)
         return _squashed.log_prob_from_action(bounds, action, loc, scale)
 
@@ -246,67 +232,6 @@ class SquashedNormal(distrax.Transformed):
             )
         action, loc, scale = self._broadcast("value", value)
         return _squashed.log_prob_from_action(bounds, action, loc, scale, min_distance)
-
-    def _broadcast(self, name: str, value) -> tuple[Array, Array, Array]:
-        """``value``, ``loc`` and ``scale`` broadcast together, in their common dtype.
-
-        Raises ``TypeError`` for a value that is not floating and ``ValueError`` for
-        one that does not broadcast with ``[*batch, action]``; ``name`` names it.
-        """
-        value = _checks.float_array(name, value)
-        try:
-            shape = jnp.broadcast_shapes(value.shape, self._loc.shape)
-        except ValueError:
-            raise ValueError(
-                f"{name} must broadcast with the distribution's shape [*batch, action] = "
-                f"{self._loc.shape}, got {value.shape}; give it shape [*sample, *batch, action]."
-            ) from None
-        dtype = jnp.result_type(value, self._loc)
-        value, loc, scale = (
-            jnp.broadcast_to(a, shape).astype(dtype) for a in (value, self._loc, self._scale)
-        )
-        return value, loc, scale
-
-    def sample(
-        self, *, seed: _Seed, sample_shape: _SampleShape = ()
-    ) -> Float[Array, "*sample_and_batch action"]:
-        """Samples actions, ``distrax.Transformed.sample``'s draws, remembering their pre-images.
-
-        Actions ``f(loc + scale * eps)``, shape ``[*sample_shape, *batch, action]``,
-        with ``eps`` drawn as distrax draws it from ``seed`` (a key, or an integer
-        as distrax takes). Reparameterised: the derivative with respect to the
-        pre-image is ``f'(x)``, also where float32 ``f(x)`` rounds onto a bound.
-        ``dist.log_prob`` of the returned array scores its pre-image.
-
-        Example:
-            >>> import jax, jax.numpy as jnp, samplers
-            >>> dist = samplers.normal_tanh(jnp.zeros((5, 4)))
-            >>> dist.sample(seed=jax.random.key(0), sample_shape=3).shape
-            (3, 5, 2)
-        """
-        return self._remember(self.distribution.sample(seed=seed, sample_shape=sample_shape))
-
-    def sample_and_log_prob(
-        self, *, seed: _Seed, sample_shape: _SampleShape = ()
-    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
-        """Samples actions and scores their pre-images, with no inverse.
-
-        The same draws as :meth:`sample`, shape ``[*sample_shape, *batch, action]``;
-        the log-densities, shape ``[*sample_shape, *batch]``, are those of
-        :meth:`log_prob_from_pre_image`, finite also where an action rounded onto a
-        bound.
-
-        Example:
-            >>> import jax, jax.numpy as jnp, samplers
-            >>> dist = samplers.normal_tanh(jnp.zeros((5, 4)))
-            >>> action, log_prob = dist.sample_and_log_prob(seed=jax.random.key(0), sample_shape=3)
-            >>> action.shape, log_prob.shape, bool(jnp.all(dist.log_prob(action) == log_prob))
-            ((3, 5, 2), (3, 5), True)
-        """
-        # Not distrax's version: it broadcasts the base Normal's parameters against
-        # the sample axis implicitly, which jax_numpy_rank_promotion="raise" refuses.
-        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
-        return self._remember(pre_image), self.log_prob_from_pre_image(pre_image)
 
     def log_prob_from_pre_image(
         self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
@@ -338,28 +263,6 @@ class SquashedNormal(distrax.Transformed):
             )
         return _squashed.log_prob_from_pre_image(self._log_det, pre_image, loc, scale)
 
-    def forward_and_log_prob(
-        self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
-        """The action ``f(pre_image)`` and its log-density (:meth:`log_prob_from_pre_image`).
-
-        The action's derivative with respect to ``pre_image`` is ``f'(x)``, positive
-        also where float32 ``f(x)`` rounds onto a bound (autodiff of ``tanh`` gives
-        0 there), so ``Q(s, f(x))`` keeps its pathwise gradient. ``pre_image``
-        broadcasts as in :meth:`log_prob`.
-
-        Example:
-            >>> import jax, jax.numpy as jnp, samplers
-            >>> dist = samplers.squashed_normal_from_std(jnp.array([10.0]), jnp.array([1.0]))
-            >>> dist.forward_and_log_prob(jnp.array([20.0]))
-            (Array([1.], dtype=float32), Array(-12.305, dtype=float32))
-            >>> slope = jax.grad(lambda x: dist.forward_and_log_prob(x)[0].sum())(jnp.array([20.0]))
-            >>> bool(slope[0] > 0)  # autodiff of jnp.tanh gives 0
-            True
-        """
-        log_prob = self.log_prob_from_pre_image(pre_image)
-        return self._forward(pre_image), log_prob
-
     def sample_pre_image(self, *, seed: PRNGKeyArray | int) -> Float[Array, "*batch action"]:
         """Draws ``x = loc + scale * eps``, reparameterised (gradients reach loc and scale).
 
@@ -386,32 +289,6 @@ class SquashedNormal(distrax.Transformed):
             True
         """
         return self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
-
-    def sample_with_pre_image(
-        self, *, seed: PRNGKeyArray | int
-    ) -> tuple[
-        Float[Array, "*batch action"], Float[Array, "*batch action"], Float[Array, "*batch"]
-    ]:
-        """Samples ``(action, pre_image, log_prob)`` in one pass, with no inverse.
-
-        The draw of :meth:`sample_pre_image` (``seed`` as there), its action
-        ``f(pre_image)`` (remembering its pre-image, with the pathwise derivative of
-        :meth:`forward_and_log_prob`) and its :meth:`log_prob_from_pre_image`. Store
-        ``pre_image`` to replay the action later.
-
-        Returns:
-            ``(action, pre_image, log_prob)``, shapes ``[*batch, action]``,
-            ``[*batch, action]`` and ``[*batch]``.
-
-        Example:
-            >>> import jax, jax.numpy as jnp, samplers
-            >>> dist = samplers.normal_tanh(jnp.zeros(4))
-            >>> action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
-            >>> action.shape, bool(log_prob == dist.log_prob_from_pre_image(pre_image))
-            ((2,), True)
-        """
-        pre_image = self.sample_pre_image(seed=seed)
-        return self._remember(pre_image), pre_image, self.log_prob_from_pre_image(pre_image)
 
     def deterministic_action(self) -> Float[Array, "*batch action"]:
         """``f(loc)``: the action a deterministic policy takes (the median for increasing ``f``).

@@ -3,14 +3,25 @@
 Install them with ``pip install 'samplers[examples]'``; each is a module run as
 ``python -m samplers.examples.<name>``:
 
-- ``pendulum``: PPO on gymnax's ``Pendulum-v1`` with a squashed-Normal policy head
-  that stores the pre-squash action in the rollout and replays it in the loss.
-- ``pendulum_sac``: SAC on the same task, with the head in reparameterised mode so
-  that the actor loss differentiates through the sampled action.
-- ``cartpole``: PPO on gymnax's ``CartPole-v1`` with the Categorical head, which
+- ``pendulum``: PPO on gymnax's ``Pendulum-v1`` with a ``SquashedNormalSampler``
+  onto ``BoundedTanh(-2, 2)`` that stores the pre-squash action in the rollout and
+  replays it in the loss; ``--bijector tanh`` uses ``NormalTanhSampler`` and
+  ``--head beta`` a ``BetaSampler`` on ``[-2, 2]``, which stores its logit.
+- ``pendulum_sac``: SAC on the same task, with the ``SquashedNormalSampler`` built
+  with ``reparameterized=True`` so that the actor loss differentiates through the
+  sampled action.
+- ``cartpole``: PPO on gymnax's ``CartPole-v1`` with a ``CategoricalSampler``, which
   stores the sampled action and replays it in the loss.
-- ``tictactoe``: PPO on pgx's tic-tac-toe against a random player, with the legal
-  moves as the head's mask (``--no-mask`` to train without it).
+- ``tictactoe``: PPO on pgx's tic-tac-toe against a random player, with a
+  ``CategoricalSampler`` and the legal moves as its mask (``--no-mask`` to train
+  without it, ``--compare`` to train both).
+- ``hybrid``: PPO on a ``Dict(direction=Discrete(3), distance=Box(0, 1, (1,)))``
+  action with the head ``head_for`` builds for it, a ``CompositeSampler`` of a
+  ``CategoricalSampler`` and a ``SquashedNormalSampler``.
 - ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
-  trained with SAC's actor loss under ``jax.jit``.
+  trained with SAC's actor loss under ``jax.jit``; it uses no head.
+
+Every head derives from ``ActionSampler``. ``StateIndependentSampler``,
+``MultiDiscreteSampler``, ``MultiBinarySampler``, ``ParameterizedSampler`` and
+``DistributionSampler`` have no example program; the guides show them.
 """

@@ -1,10 +1,10 @@
 """What the examples share: the task, the training loop, evaluation, the figure.
 
 ``pendulum``, ``cartpole``, ``tictactoe`` and ``hybrid`` (PPO) and ``pendulum_sac``
-(SAC) keep only their algorithm; the progress bar, the deterministic-versus-random
-evaluation, the figure's learning curve, the command line and the printed summary
-live here, once, with the Pendulum task's observation scaling and torque panels.
-The parts of PPO that the four PPO examples share are in ``_ppo``.
+(SAC) share the progress bar, the deterministic-versus-random evaluation, the
+figure's learning curve, the command line and the printed summary, written here
+once, with the Pendulum task's observation scaling and torque panels. The four PPO
+examples share one trainer, ``_ppo.train``.
 """
 
 import argparse
@@ -280,6 +280,7 @@ def action_distributions(
             center, spread = logit.mean(), logit.stddev()
             deterministic = dist.mean()
         else:
+            dist = cast(samplers.SquashedNormal, dist)
             center, spread = dist.loc, dist.scale
             deterministic = dist.deterministic_action()
         pre_image = center + spread * jnp.linspace(-6.0, 6.0, grid)[:, None]

@@ -2,13 +2,11 @@
 
 Run ``python -m samplers.examples.cartpole`` (``--help`` lists the flags). A small
 actor-critic (two MLPs, one for the two actions' logits and one for the value) is
-trained with PPO on vectorised environments. The policy head is a
-:class:`samplers.CategoricalSampler`: the rollout keeps the head's
-``log_likelihood`` as the old log-probability and its ``rollout_extras`` (the
-action taken), and the PPO loss replays that stored action under the current
-weights; the entropy bonus is the head's ``regularization_loss``. One jitted
-function does a whole iteration: the rollout of all environments and several
-epochs of minibatch updates.
+trained by the examples' PPO trainer, ``_ppo.train``, on vectorised environments.
+The policy head is a :class:`samplers.CategoricalSampler`: the rollout keeps the
+head's ``log_likelihood`` as the old log-probability and its ``rollout_extras``
+(the action taken), and the PPO loss replays that stored action under the current
+weights; the entropy bonus is the head's ``regularization_loss``.
 
 At the end it evaluates the deterministic policy (``model.eval()``, the most
 probable action) against a uniformly random policy on the same episodes, prints a
@@ -24,7 +22,6 @@ import math
 import time
 from collections.abc import Sequence
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,220 +44,58 @@ ACTIONS = ("push left", "push right")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Hyperparameters; the command-line flags override the first few.
+class Config(_ppo.Config):
+    """Hyperparameters: ``_ppo.Config``'s with CartPole's defaults.
 
-    The budget is ``total_steps`` environment steps, done in iterations of
-    ``num_envs * rollout_length`` steps, each followed by ``epochs`` passes of
-    ``minibatches`` updates over that batch.
+    The command-line flags override ``total_steps``, ``seed``, ``num_envs``,
+    ``rollout_length``, ``entropy_weight`` and ``eval_episodes``.
     """
 
     total_steps: int = 150_000
-    seed: int = 0
     num_envs: int = 8
     rollout_length: int = 128
-    entropy_weight: float = 0.01
-    eval_episodes: int = 64
-    epochs: int = 4
-    minibatches: int = 4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    learning_rate: float = 1e-3
-    clip_epsilon: float = 0.2
-    value_weight: float = 0.5
-    max_grad_norm: float = 0.5
     # A reward of 1 per step makes values near 1 / (1 - gamma) = 100; a tenth keeps
     # the value loss from taking the whole gradient-norm budget.
     reward_scale: float = 0.1
-    hidden: int = 64
 
 
-class ActorCritic(nnx.Module):
-    """Two tanh MLPs on the observation, and the sampler as the policy's last layer.
-
-    Args:
-        head: The policy head; it owns the sampling stream.
-        hidden: Width of the hidden layers.
-        rngs: Initialisation stream for the weights.
-    """
-
-    def __init__(self, head: samplers.CategoricalSampler, hidden: int, rngs: nnx.Rngs):
-        # A small last layer starts the policy near uniform in every state.
-        self.actor = _ppo.tanh_mlp(4, head.num_params, hidden=hidden, last_scale=0.01, rngs=rngs)
-        self.critic = _ppo.tanh_mlp(4, 1, hidden=hidden, last_scale=1.0, rngs=rngs)
-        self.head = head
-
-    def policy(self, obs: jax.Array, action: jax.Array | None = None):
-        """The head's output for ``obs``: a fresh action, or a replay of ``action``."""
-        return self.head((), self.actor(obs), action)
-
-    def entropy(self, obs: jax.Array) -> jax.Array:
-        """The policy's entropy in nats, shape ``obs.shape[:-1]``."""
-        return jnp.asarray(self.head.distribution(self.actor(obs)).entropy())
-
-    def value(self, obs: jax.Array) -> jax.Array:
-        """State values, shape ``obs.shape[:-1]``."""
-        return self.critic(obs)[..., 0]
+def _entropy(model: _ppo.ActorCritic, obs: jax.Array, out) -> dict[str, jax.Array]:
+    """The policy's entropy in nats in each state of a rollout step."""
+    return {"entropy": jnp.asarray(model.head.distribution(model.actor(obs)).entropy())}
 
 
-def make_train_step(config: Config, graphdef):
-    """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
-
-    ``state`` is ``nnx.split((model, optimizer))[1]``; ``runner`` carries the
-    environments, their key and the running episode returns. One call collects
-    ``rollout_length`` steps from every environment and runs the PPO epochs.
-    """
-    env, env_params = gymnax.make(ENV_ID)
-    step_envs = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-    batch_size = config.num_envs * config.rollout_length
-
-    def rollout(model, runner):
-        model_def, model_state = nnx.split(model)
-
-        def env_step(carry, _):
-            model_state, env_state, obs, key, episode_return = carry
-            model = nnx.merge(model_def, model_state)
-            out = model.policy(obs)
-            key, step_key = jax.random.split(key)
-            step_keys = jax.random.split(step_key, config.num_envs)
-            next_obs, env_state, reward, terminated, truncated, info = step_envs(
-                step_keys, env_state, out.output["action"], env_params
-            )
-            done = jnp.logical_or(terminated, truncated)
-            episode_return = episode_return + reward
-            transition = {
-                "obs": obs,
-                "action": out.rollout_extras,
-                "log_prob": out.output["log_likelihood"],
-                "reward": reward,
-                "done": done,
-                "terminated": terminated,
-                "final_obs": info["final_observation"],
-                "finished_return": jnp.where(done, episode_return, 0.0),
-                "entropy": model.entropy(obs),
-            }
-            episode_return = jnp.where(done, 0.0, episode_return)
-            carry = (nnx.state(model), env_state, next_obs, key, episode_return)
-            return carry, transition
-
-        carry = (model_state, *runner)
-        (model_state, *runner), trajectory = jax.lax.scan(
-            env_step, carry, length=config.rollout_length
-        )
-        # The module again, with the sampling stream advanced by the scan.
-        return nnx.merge(model_def, model_state), tuple(runner), trajectory
-
-    def loss_fn(model, batch):
-        # Replay: the head scores the stored action under the current weights.
-        out = model.policy(batch["obs"], batch["action"])
-        # The entropy term is the head's regularization_loss, -entropy_weight times
-        # the policy's entropy in each state.
-        return _ppo.ppo_loss(out, model.value(batch["obs"]), batch, config)
-
-    @jax.jit
-    def train_step(state, runner):
-        model, optimizer = nnx.merge(graphdef, state)
-        env_state, obs, key, episode_return = runner
-        key, epoch_key = jax.random.split(key)
-        model, (env_state, obs, key, episode_return), trajectory = rollout(
-            model, (env_state, obs, key, episode_return)
-        )
-        value = model.value(trajectory["obs"])
-        next_value = model.value(trajectory["final_obs"])
-        advantage = _ppo.gae(
-            config.reward_scale * trajectory["reward"],
-            value,
-            next_value,
-            trajectory["done"],
-            trajectory["terminated"],
-            config.gamma,
-            config.gae_lambda,
-        )
-        batch = {
-            "obs": trajectory["obs"],
-            "action": trajectory["action"],
-            "log_prob": trajectory["log_prob"],
-            "advantage": advantage,
-            "target": advantage + value,
-        }
-        batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
-        # Before any update the weights are those of the rollout, so replaying the
-        # stored actions must give a ratio of 1 up to the rounding of the network.
-        replay = model.policy(batch["obs"], batch["action"])
-        ratio_error = jnp.abs(
-            jnp.exp(replay.output["log_likelihood"] - batch["log_prob"]) - 1.0
-        ).max()
-        state, metrics = _ppo.update_epochs(
-            loss_fn, graphdef, nnx.state((model, optimizer)), batch, epoch_key, config
-        )
-        metrics |= {
-            "replay_ratio_error": ratio_error,
-            "episodes": trajectory["done"].sum(),
-            "return_sum": trajectory["finished_return"].sum(),
-            "entropy": trajectory["entropy"].mean(),
-        }
-        runner = (env_state, obs, key, episode_return)
-        return state, runner, metrics
-
-    return train_step
-
-
-def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
-    """Trains the actor-critic for ``config.total_steps`` environment steps.
+def train(config: Config, *, progress: bool = True) -> tuple[_ppo.ActorCritic, dict]:
+    """Trains the actor-critic on ``CartPole-v1`` with ``_ppo.train``.
 
     Args:
         config: Hyperparameters.
         progress: Show a live progress bar.
 
     Returns:
-        ``(model, log)``: ``log`` holds the learning curve (``curve_steps``,
-        ``curve_returns``: mean return of the episodes that ended in each
-        iteration), ``replay_ratio_error`` (the largest ``|ratio - 1|`` of the
-        replay before each iteration's first update, over all iterations), the
-        timings and the last iteration's losses.
+        ``(model, log)``: ``_ppo.train``'s log, whose ``per_iteration`` has
+        ``entropy`` (the policy's mean entropy over the rollout), and
+        ``final_entropy``, the last iteration's.
     """
-    _ppo.check_ppo_config(config)
-    key = jax.random.key(config.seed)
-    head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
-    head = samplers.CategoricalSampler(
-        nnx.Rngs(head_key), config.entropy_weight, num_actions=len(ACTIONS)
-    )
-    model = ActorCritic(head, config.hidden, nnx.Rngs(param_key))
 
-    steps_per_iteration = config.num_envs * config.rollout_length
-    iterations = max(1, config.total_steps // steps_per_iteration)
-    optimizer = _ppo.ppo_optimizer(model, config, iterations)
-    graphdef, state = nnx.split((model, optimizer))
+    def make_model(sampling_rngs: nnx.Rngs, rngs: nnx.Rngs) -> _ppo.ActorCritic:
+        head = samplers.CategoricalSampler(
+            sampling_rngs, config.entropy_weight, num_actions=len(ACTIONS)
+        )
+        return _ppo.ActorCritic(4, head, hidden=config.hidden, rngs=rngs)
 
-    obs, env_state = _common.reset(env_key, config.num_envs, ENV_ID)
-    runner = (env_state, obs, runner_key, jnp.zeros(config.num_envs))
-    run = _common.run(
-        make_train_step(config, graphdef),
-        state,
-        runner,
-        calls=iterations,
-        steps_per_call=steps_per_iteration,
-        label="PPO",
+    model, log = _ppo.train(
+        config,
+        make_model,
+        _ppo.gymnax_env(ENV_ID),
         column=("entropy", lambda metrics: f"{metrics['entropy']:.3f}"),
+        rollout_metrics=_entropy,
         progress=progress,
     )
-    model, _ = nnx.merge(graphdef, run.state)
-    log = {
-        "steps": iterations * steps_per_iteration,
-        "iterations": iterations,
-        "curve_steps": run.curve_steps,
-        "curve_returns": run.curve_returns,
-        "replay_ratio_error": _ppo.largest(m["replay_ratio_error"] for m in run.history),
-        "final_entropy": run.history[-1]["entropy"],
-        "compile_s": run.compile_s,
-        "train_s": run.train_s,
-        "steps_per_second": iterations * steps_per_iteration / run.train_s,
-        "last_iteration": run.history[-1],
-    }
+    log["final_entropy"] = log["last_iteration"]["entropy"]
     return model, log
 
 
-def action_probabilities(model: ActorCritic, *, num_samples: int = 20_000) -> list[dict]:
+def action_probabilities(model: _ppo.ActorCritic, *, num_samples: int = 20_000) -> list[dict]:
     """Sampled actions and the head's probabilities in each of ``PROBE_STATES``.
 
     The samples come from the head in training mode; the probabilities are
@@ -277,7 +112,7 @@ def action_probabilities(model: ActorCritic, *, num_samples: int = 20_000) -> li
     """
 
     @nnx.jit
-    def probe(model: ActorCritic):
+    def probe(model: _ppo.ActorCritic):
         logits = model.actor(jnp.asarray(PROBE_STATES))
         shape = (num_samples, *logits.shape)
         sampled = model.head((), jnp.broadcast_to(logits, shape)).output["action"]
@@ -375,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     start = time.perf_counter()
     model, log = train(config, progress=not args.no_progress)
 
-    def act(model: ActorCritic, obs: jax.Array) -> jax.Array:
+    def act(model: _ppo.ActorCritic, obs: jax.Array) -> jax.Array:
         return model.policy(obs).output["action"]
 
     summary = {
@@ -404,8 +239,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         details=[
             "training episodes first averaged 500 (the maximum) after "
             f"{'-' if reached is None else f'{reached:,}'} steps",
-            "replay ratio before the first update: max |ratio - 1| = "
-            f"{log['replay_ratio_error']:.1e}",
+            _ppo.replay_line(log),
             f"policy entropy at the end {log['final_entropy']:.3f} nats (uniform: 0.693)",
         ],
     )

@@ -12,11 +12,11 @@ and an overshoot costs as much as a shortfall.
 
 ``samplers.head_for(space, ...)`` builds the head, a :class:`samplers.CompositeSampler`
 over a :class:`samplers.CategoricalSampler` and a squashed Normal onto ``[0, 1]``,
-and ``head.num_params`` sizes the actor's last layer. The rollout keeps the head's
-summed ``log_likelihood`` and its ``rollout_extras`` (a dict, one entry a part),
-and the PPO loss replays that dict under the current weights; the entropy bonus is
-the head's ``regularization_loss``, the sum of the parts'. One jitted function does
-a whole iteration.
+and ``head.num_params`` sizes the actor's last layer. The examples' PPO trainer,
+``_ppo.train``, keeps the head's summed ``log_likelihood`` and its
+``rollout_extras`` (a dict, one entry a part) in the rollout, and the PPO loss
+replays that dict under the current weights; the entropy bonus is the head's
+``regularization_loss``, the sum of the parts'.
 
 At the end it evaluates the deterministic policy (``model.eval()``: the most
 probable direction, and the distance ``f(mean)``), a uniformly random policy and a
@@ -29,7 +29,7 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -100,206 +100,53 @@ def straight_to_target(obs: jax.Array) -> dict:
     return {"direction": direction, "distance": distance[..., None]}
 
 
+def env_step(key: jax.Array, state: Reach, action: dict) -> _ppo.Step:
+    """:func:`step`, then a fresh episode from ``key`` if this one ended.
+
+    The time left is part of the observation, so an episode's end is terminal.
+    """
+    obs, state, reward, done = step(state, action)
+    fresh_obs, fresh = reset(key)
+    next_state = jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh, state)
+    return _ppo.Step(next_state, jnp.where(done, fresh_obs, obs), reward, done, done, obs, {})
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Hyperparameters; the command-line flags override the first few.
+class Config(_ppo.Config):
+    """Hyperparameters: ``_ppo.Config``'s with Reach's defaults.
 
-    The budget is ``total_steps`` environment steps, done in iterations of
-    ``num_envs * rollout_length`` steps, each followed by ``epochs`` passes of
-    ``minibatches`` updates over that batch.
+    The command-line flags override ``total_steps``, ``seed``, ``num_envs`` and
+    ``eval_episodes``.
     """
 
-    total_steps: int = 200_000
-    seed: int = 0
-    num_envs: int = 16
-    rollout_length: int = 64
-    entropy_weight: float = 0.003
     eval_episodes: int = 256
-    epochs: int = 4
-    minibatches: int = 4
     gamma: float = 0.95
-    gae_lambda: float = 0.95
-    learning_rate: float = 1e-3
-    clip_epsilon: float = 0.2
-    value_weight: float = 0.5
-    max_grad_norm: float = 0.5
-    hidden: int = 64
+    entropy_weight: float = 0.003
 
 
-class ActorCritic(nnx.Module):
-    """Two tanh MLPs on the observation, and the composite head as the policy's last layer.
+def train(config: Config, *, progress: bool = True) -> tuple[_ppo.ActorCritic, dict]:
+    """Trains the actor-critic on ``Reach`` with ``_ppo.train``; returns ``(model, log)``.
 
-    Args:
-        head: The policy head; it owns the sampling streams.
-        hidden: Width of the hidden layers.
-        rngs: Initialisation stream for the weights.
+    The progress bar shows the fraction of the last epoch's ratios that were clipped.
     """
 
-    def __init__(self, head: samplers.CompositeSampler, hidden: int, rngs: nnx.Rngs):
-        # A small last layer starts every part near its initial distribution.
-        self.actor = _ppo.tanh_mlp(4, head.num_params, hidden=hidden, last_scale=0.01, rngs=rngs)
-        self.critic = _ppo.tanh_mlp(4, 1, hidden=hidden, last_scale=1.0, rngs=rngs)
-        self.head = head
-
-    def policy(self, obs: jax.Array, stored: dict | None = None):
-        """The head's output for ``obs``: a fresh action, or a replay of ``stored``."""
-        return self.head((), self.actor(obs), stored)
-
-    def value(self, obs: jax.Array) -> jax.Array:
-        """State values, shape ``obs.shape[:-1]``."""
-        return self.critic(obs)[..., 0]
-
-
-def make_train_step(config: Config, graphdef):
-    """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
-
-    ``state`` is ``nnx.split((model, optimizer))[1]``; ``runner`` carries the
-    environments, their observations, a key and the running episode returns.
-    """
-    batch_size = config.num_envs * config.rollout_length
-    step_envs = jax.vmap(step)
-    reset_envs = jax.vmap(reset)
-
-    def rollout(model, runner):
-        model_def, model_state = nnx.split(model)
-
-        def env_step(carry, _):
-            model_state, env_state, obs, key, episode_return = carry
-            model = nnx.merge(model_def, model_state)
-            out = model.policy(obs)
-            next_obs, env_state, reward, done = step_envs(env_state, out.output["action"])
-            key, reset_key = jax.random.split(key)
-            fresh_obs, fresh_state = reset_envs(jax.random.split(reset_key, config.num_envs))
-            episode_return = episode_return + reward
-            transition = {
-                "obs": obs,
-                "stored": out.rollout_extras,
-                "log_prob": out.output["log_likelihood"],
-                "reward": reward,
-                "done": done,
-                "final_obs": next_obs,
-                "finished_return": jnp.where(done, episode_return, 0.0),
-            }
-            env_state = jax.tree.map(lambda f, s: jnp.where(done, f, s), fresh_state, env_state)
-            next_obs = jnp.where(done[:, None], fresh_obs, next_obs)
-            episode_return = jnp.where(done, 0.0, episode_return)
-            carry = (nnx.state(model), env_state, next_obs, key, episode_return)
-            return carry, transition
-
-        carry = (model_state, *runner)
-        (model_state, *runner), trajectory = jax.lax.scan(
-            env_step, carry, length=config.rollout_length
+    def make_model(sampling_rngs: nnx.Rngs, rngs: nnx.Rngs) -> _ppo.ActorCritic:
+        # A Dict space gets a CompositeSampler.
+        head = samplers.head_for(
+            ACTION_SPACE, rngs=sampling_rngs, entropy_weight=config.entropy_weight
         )
-        return nnx.merge(model_def, model_state), tuple(runner), trajectory
+        return _ppo.ActorCritic(4, head, hidden=config.hidden, rngs=rngs)
 
-    def loss_fn(model, batch):
-        # Replay: the head scores each part of the stored action under the current weights.
-        out = model.policy(batch["obs"], batch["stored"])
-        return _ppo.ppo_loss(out, model.value(batch["obs"]), batch, config)
-
-    @jax.jit
-    def train_step(state, runner):
-        model, optimizer = nnx.merge(graphdef, state)
-        key = runner[2]
-        key, epoch_key = jax.random.split(key)
-        runner = (runner[0], runner[1], key, runner[3])
-        model, runner, trajectory = rollout(model, runner)
-        value = model.value(trajectory["obs"])
-        next_value = model.value(trajectory["final_obs"])
-        # The time left is part of the observation, so the episode's end is terminal.
-        advantage = _ppo.gae(
-            trajectory["reward"],
-            value,
-            next_value,
-            trajectory["done"],
-            trajectory["done"],
-            config.gamma,
-            config.gae_lambda,
-        )
-        batch = {
-            "obs": trajectory["obs"],
-            "stored": trajectory["stored"],
-            "log_prob": trajectory["log_prob"],
-            "advantage": advantage,
-            "target": advantage + value,
-        }
-        batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
-        # Before any update the weights are the rollout's: the replay's ratio is 1
-        # up to the rounding of the network at another batch shape.
-        replay = model.policy(batch["obs"], batch["stored"])
-        ratio_error = jnp.abs(
-            jnp.exp(replay.output["log_likelihood"] - batch["log_prob"]) - 1.0
-        ).max()
-        state, metrics = _ppo.update_epochs(
-            loss_fn, graphdef, nnx.state((model, optimizer)), batch, epoch_key, config
-        )
-        metrics |= {
-            "replay_ratio_error": ratio_error,
-            "episodes": trajectory["done"].sum(),
-            "return_sum": trajectory["finished_return"].sum(),
-        }
-        return state, runner, metrics
-
-    return train_step
-
-
-def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
-    """Trains the actor-critic for ``config.total_steps`` environment steps.
-
-    Args:
-        config: Hyperparameters.
-        progress: Show a live progress bar.
-
-    Returns:
-        ``(model, log)``: the learning curve (``curve_steps``, ``curve_returns``),
-        ``replay_ratio_error`` (the largest ``|ratio - 1|`` of the replay before
-        each iteration's first update), the timings and the last iteration's losses.
-    """
-    _ppo.check_ppo_config(config)
-    key = jax.random.key(config.seed)
-    head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
-    # A Dict space gets a CompositeSampler.
-    head = cast(
-        samplers.CompositeSampler,
-        samplers.head_for(
-            ACTION_SPACE, rngs=nnx.Rngs(head_key), entropy_weight=config.entropy_weight
-        ),
-    )
-    model = ActorCritic(head, config.hidden, nnx.Rngs(param_key))
-
-    steps_per_iteration = config.num_envs * config.rollout_length
-    iterations = max(1, config.total_steps // steps_per_iteration)
-    optimizer = _ppo.ppo_optimizer(model, config, iterations)
-    graphdef, state = nnx.split((model, optimizer))
-
-    obs, env_state = jax.vmap(reset)(jax.random.split(env_key, config.num_envs))
-    runner = (env_state, obs, runner_key, jnp.zeros(config.num_envs))
-    run = _common.run(
-        make_train_step(config, graphdef),
-        state,
-        runner,
-        calls=iterations,
-        steps_per_call=steps_per_iteration,
-        label="PPO",
+    return _ppo.train(
+        config,
+        make_model,
+        _ppo.Env(reset, env_step),
         column=("clip", lambda metrics: f"{metrics['clip_fraction']:.3f}"),
         progress=progress,
     )
-    model, _ = nnx.merge(graphdef, run.state)
-    log = {
-        "steps": iterations * steps_per_iteration,
-        "iterations": iterations,
-        "curve_steps": run.curve_steps,
-        "curve_returns": run.curve_returns,
-        "replay_ratio_error": _ppo.largest(m["replay_ratio_error"] for m in run.history),
-        "compile_s": run.compile_s,
-        "train_s": run.train_s,
-        "steps_per_second": iterations * steps_per_iteration / run.train_s,
-        "last_iteration": run.history[-1],
-    }
-    return model, log
 
 
-def evaluate(model: ActorCritic, *, num_episodes: int, seed: int) -> dict:
+def evaluate(model: _ppo.ActorCritic, *, num_episodes: int, seed: int) -> dict:
     """Mean and std of the episode return of three policies on the same episodes.
 
     The deterministic policy (``model.eval()``), a uniformly random one (direction
@@ -341,7 +188,7 @@ def evaluate(model: ActorCritic, *, num_episodes: int, seed: int) -> dict:
     return summary
 
 
-def learned_policy(model: ActorCritic, *, num_samples: int = 4_000) -> dict:
+def learned_policy(model: _ppo.ActorCritic, *, num_samples: int = 4_000) -> dict:
     """The trained policy at the centre of the line, as a function of the target.
 
     For targets on a grid and the point at 0 (half the episode left): the head's
@@ -438,8 +285,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         details=[
             f"straight to target:   {summary['straight_return']:8.2f} "
             f"+- {summary['straight_return_std']:.2f} per episode",
-            "replay ratio before the first update: max |ratio - 1| = "
-            f"{log['replay_ratio_error']:.1e}",
+            _ppo.replay_line(log),
         ],
     )
     return summary

@@ -8,10 +8,11 @@ game's ``legal_action_mask``. Its reward is pgx's at the end of the game: 1 for 
 win, 0 for a draw, -1 for a loss. An environment step is one move of the agent
 and the opponent's reply.
 
-The policy head is a :class:`samplers.CategoricalSampler` over the 9 cells. The
-rollout calls it with ``mask=state.legal_action_mask`` and stores that mask beside
-the action it took; the PPO loss replays the stored action under the stored mask,
-so the ratio is computed between the same masked distributions. With
+The policy head is a :class:`samplers.CategoricalSampler` over the 9 cells; the
+examples' PPO trainer, ``_ppo.train``, trains it. The rollout calls the head with
+``mask=state.legal_action_mask`` and stores that mask beside the action it took;
+the PPO loss replays the stored action under the stored mask, so the ratio is
+computed between the same masked distributions. With
 ``--no-mask`` the same agent is trained without the mask: it may pick an occupied
 cell, and pgx then ends the game as a loss for it.
 
@@ -46,30 +47,20 @@ ENV = pgx.make("tic_tac_toe")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Hyperparameters; the command-line flags override the first few.
+class Config(_ppo.Config):
+    """Hyperparameters: ``_ppo.Config``'s with tic-tac-toe's defaults, and the mask's choice.
 
-    The budget is ``total_steps`` agent moves, done in iterations of
-    ``num_envs * rollout_length`` moves, each followed by ``epochs`` passes of
-    ``minibatches`` updates over that batch.
+    The budget counts agent moves. The command-line flags override
+    ``total_steps``, ``seed``, ``num_envs``, ``rollout_length``, ``mask`` and
+    ``eval_episodes``.
     """
 
     total_steps: int = 500_000
-    seed: int = 0
     num_envs: int = 64
     rollout_length: int = 32
-    mask: bool = True
     eval_episodes: int = 10_000
-    epochs: int = 4
-    minibatches: int = 4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    learning_rate: float = 1e-3
-    clip_epsilon: float = 0.2
-    value_weight: float = 0.5
-    entropy_weight: float = 0.01
-    max_grad_norm: float = 0.5
     hidden: int = 128
+    mask: bool = True
 
 
 def opponent_move(key: jax.Array, legal: jax.Array) -> jax.Array:
@@ -144,210 +135,73 @@ def observe(state) -> jax.Array:
     return obs.reshape(*obs.shape[:-3], -1).astype(jnp.float32)
 
 
-class ActorCritic(nnx.Module):
-    """Two tanh MLPs on the observation, and the sampler as the policy's last layer.
+def env_step(key: jax.Array, state, cell: jax.Array) -> _ppo.Step:
+    """The agent's move and the opponent's reply, then a fresh game if this one ended.
 
-    Args:
-        head: The policy head; it owns the sampling stream.
-        hidden: Width of the hidden layers.
-        rngs: Initialisation stream for the weights.
+    The step counts ``illegal_moves``: whether ``cell`` was occupied. A game ends
+    only by its rules, never by a time limit, so its end is terminal.
     """
-
-    def __init__(self, head: samplers.CategoricalSampler, hidden: int, rngs: nnx.Rngs):
-        # A small last layer starts the policy near uniform over the 9 cells.
-        self.actor = _ppo.tanh_mlp(18, head.num_params, hidden=hidden, last_scale=0.01, rngs=rngs)
-        self.critic = _ppo.tanh_mlp(18, 1, hidden=hidden, last_scale=1.0, rngs=rngs)
-        self.head = head
-
-    def policy(self, obs, mask, action=None, *, deterministic: bool | None = None):
-        """The head's output: a fresh move, or a replay of ``action``, under ``mask``."""
-        return self.head((), self.actor(obs), action, mask=mask, deterministic=deterministic)
-
-    def value(self, obs: jax.Array) -> jax.Array:
-        """State values, shape ``obs.shape[:-1]``."""
-        return self.critic(obs)[..., 0]
+    play_key, reset_key = jax.random.split(key)
+    state, reward, illegal = play(state, cell, play_key)
+    final_obs, done = observe(state), state.terminated
+    state = _select(done, new_game(reset_key), state)
+    return _ppo.Step(
+        state, observe(state), reward, done, done, final_obs, {"illegal_moves": illegal}
+    )
 
 
-def make_train_step(config: Config, graphdef):
-    """Builds the jitted function ``(state, runner) -> (state, runner, metrics)``.
+def make_env(mask: bool) -> _ppo.Env:
+    """Tic-tac-toe against the random opponent, with the legal moves as the head's mask or not."""
 
-    ``state`` is ``nnx.split((model, optimizer))[1]``; ``runner`` carries the
-    games, a key and the running returns. One call collects ``rollout_length``
-    moves in every game and runs the PPO epochs.
-    """
-    batch_size = config.num_envs * config.rollout_length
+    def reset(key: jax.Array):
+        state = new_game(key)
+        return observe(state), state
 
-    def mask_of(legal):
-        return legal if config.mask else None
-
-    def rollout(model, runner):
-        model_def, model_state = nnx.split(model)
-
-        def env_step(carry, _):
-            model_state, games, key, episode_return = carry
-            model = nnx.merge(model_def, model_state)
-            obs, legal = observe(games), games.legal_action_mask
-            out = model.policy(obs, mask_of(legal))
-            key, play_key, reset_key = jax.random.split(key, 3)
-            games, reward, illegal = jax.vmap(play)(
-                games, out.output["action"], jax.random.split(play_key, config.num_envs)
-            )
-            done = games.terminated
-            fresh = jax.vmap(new_game)(jax.random.split(reset_key, config.num_envs))
-            games = jax.vmap(_select)(done, fresh, games)
-            episode_return = episode_return + reward
-            transition = {
-                "obs": obs,
-                "legal": legal,
-                "action": out.rollout_extras,
-                "log_prob": out.output["log_likelihood"],
-                "reward": reward,
-                "done": done,
-                "illegal": illegal,
-                "finished_return": jnp.where(done, episode_return, 0.0),
-                "masked_probability": out.metrics["masked_probability"],
-            }
-            episode_return = jnp.where(done, 0.0, episode_return)
-            return (nnx.state(model), games, key, episode_return), transition
-
-        carry = (model_state, *runner)
-        (model_state, *runner), trajectory = jax.lax.scan(
-            env_step, carry, length=config.rollout_length
-        )
-        # The module again, with the sampling stream advanced by the scan.
-        return nnx.merge(model_def, model_state), tuple(runner), trajectory
-
-    def loss_fn(model, batch):
-        # Replay: the head scores the stored move under the current weights and the
-        # mask stored with it.
-        out = model.policy(batch["obs"], mask_of(batch["legal"]), batch["action"])
-        # The entropy term is the head's regularization_loss, -entropy_weight times
-        # the entropy over the allowed moves when masked.
-        return _ppo.ppo_loss(out, model.value(batch["obs"]), batch, config)
-
-    @jax.jit
-    def train_step(state, runner):
-        model, optimizer = nnx.merge(graphdef, state)
-        key, epoch_key = jax.random.split(runner[1])
-        model, (games, key, episode_return), trajectory = rollout(
-            model, (runner[0], key, runner[2])
-        )
-        value = model.value(trajectory["obs"])
-        last_value = model.value(observe(games))
-        # A game ends only by its rules, never by a time limit: the step after a
-        # finished game is the new game's, and the finished one bootstraps from nothing.
-        next_value = jnp.concatenate([value[1:], last_value[None]])
-        done = trajectory["done"]
-        advantage = _ppo.gae(
-            trajectory["reward"], value, next_value, done, done, config.gamma, config.gae_lambda
-        )
-        batch = {
-            "obs": trajectory["obs"],
-            "legal": trajectory["legal"],
-            "action": trajectory["action"],
-            "log_prob": trajectory["log_prob"],
-            "advantage": advantage,
-            "target": advantage + value,
-        }
-
-        # Before any update the weights are those of the rollout: replaying the stored
-        # moves under the stored masks, one step of all games at a time as the rollout
-        # ran them, must give a ratio of exactly 1. The loss's minibatches are other
-        # shapes, where the network may round differently.
-        def replay(model_state, step):
-            # The head draws from its stream in replay too: a copy of the model carries it.
-            obs, legal, action = step
-            copy = nnx.merge(model_def, model_state)
-            out = copy.policy(obs, mask_of(legal), action)
-            return nnx.state(copy), out.output["log_likelihood"]
-
-        model_def, model_state = nnx.split(model)
-        steps = (trajectory["obs"], trajectory["legal"], trajectory["action"])
-        _, replayed = jax.lax.scan(replay, model_state, steps)
-        ratio_error = jnp.abs(jnp.exp(replayed - trajectory["log_prob"]) - 1.0)
-        batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
-        _, flat = replay(model_state, (batch["obs"], batch["legal"], batch["action"]))
-        flat_error = jnp.abs(jnp.exp(flat - batch["log_prob"]) - 1.0)
-        state, metrics = _ppo.update_epochs(
-            loss_fn, graphdef, nnx.state((model, optimizer)), batch, epoch_key, config
-        )
-        metrics |= {
-            "replay_ratio_error": ratio_error.max(),
-            "minibatch_ratio_error": flat_error.max(),
-            "episodes": trajectory["done"].sum(),
-            "return_sum": trajectory["finished_return"].sum(),
-            "illegal_moves": trajectory["illegal"].sum(),
-            "illegal_fraction": trajectory["illegal"].mean(),
-            "masked_probability": trajectory["masked_probability"].mean(),
-        }
-        return state, (games, key, episode_return), metrics
-
-    return train_step
+    return _ppo.Env(reset, env_step, (lambda state: state.legal_action_mask) if mask else None)
 
 
 def _label(config: Config) -> str:
     return "mask" if config.mask else "no mask"
 
 
-def train(config: Config, *, progress: bool = True) -> tuple[ActorCritic, dict]:
-    """Trains the actor-critic for ``config.total_steps`` agent moves.
+def train(config: Config, *, progress: bool = True) -> tuple[_ppo.ActorCritic, dict]:
+    """Trains the actor-critic with ``_ppo.train`` for ``config.total_steps`` agent moves.
 
     Args:
         config: Hyperparameters.
         progress: Show a live progress bar.
 
     Returns:
-        ``(model, log)``: ``log`` holds the learning curve (``curve_steps``,
-        ``curve_returns``: mean return of the games that ended in each
-        iteration), per iteration the head's mean ``masked_probability`` over the
-        rollout's moves (0 without a mask) and the fraction of moves that were
-        illegal, ``illegal_moves`` (all iterations), ``replay_ratio_error`` (the
-        largest ``|ratio - 1|`` of the replay before each iteration's first
-        update, in the rollout's shapes, over all iterations),
-        ``minibatch_ratio_error`` (the same for the whole batch at once), the
-        timings and the last iteration's losses.
+        ``(model, log)``: ``_ppo.train``'s log, whose ``per_iteration`` has the
+        head's mean ``masked_probability`` over the rollout's moves (0 without a
+        mask) and the count of ``illegal_moves``; ``illegal_fraction``, the
+        fraction of each iteration's moves that were illegal, and
+        ``illegal_moves``, their count over all iterations.
     """
-    _ppo.check_ppo_config(config)
-    key = jax.random.key(config.seed)
-    head_key, param_key, env_key, runner_key = jax.random.split(key, 4)
-    head = samplers.CategoricalSampler(nnx.Rngs(head_key), config.entropy_weight, NUM_CELLS)
-    model = ActorCritic(head, config.hidden, nnx.Rngs(param_key))
 
-    steps_per_iteration = config.num_envs * config.rollout_length
-    iterations = max(1, config.total_steps // steps_per_iteration)
-    optimizer = _ppo.ppo_optimizer(model, config, iterations)
-    graphdef, state = nnx.split((model, optimizer))
+    def make_model(sampling_rngs: nnx.Rngs, rngs: nnx.Rngs) -> _ppo.ActorCritic:
+        head = samplers.CategoricalSampler(sampling_rngs, config.entropy_weight, NUM_CELLS)
+        return _ppo.ActorCritic(2 * NUM_CELLS, head, hidden=config.hidden, rngs=rngs)
 
-    games = jax.vmap(new_game)(jax.random.split(env_key, config.num_envs))
-    runner = (games, runner_key, jnp.zeros(config.num_envs))
-    name = "masked_probability" if config.mask else "illegal_fraction"
-    run = _common.run(
-        make_train_step(config, graphdef),
-        state,
-        runner,
-        calls=iterations,
-        steps_per_call=steps_per_iteration,
+    moves = config.num_envs * config.rollout_length
+    if config.mask:
+        column = ("illegal p", lambda metrics: f"{metrics['masked_probability']:.4f}")
+    else:
+        column = ("illegal p", lambda metrics: f"{metrics['illegal_moves'] / moves:.4f}")
+    model, log = _ppo.train(
+        config,
+        make_model,
+        make_env(config.mask),
+        column=column,
+        rollout_metrics=lambda model, obs, out: {
+            "masked_probability": out.metrics["masked_probability"]
+        },
         label=f"PPO, {_label(config)}",
-        column=("illegal p", lambda metrics: f"{metrics[name]:.4f}"),
         progress=progress,
     )
-    model, _ = nnx.merge(graphdef, run.state)
-    log = {
-        "steps": iterations * steps_per_iteration,
-        "iterations": iterations,
-        "curve_steps": run.curve_steps,
-        "curve_returns": run.curve_returns,
-        "iteration_steps": [(i + 1) * steps_per_iteration for i in range(iterations)],
-        "masked_probability": [m["masked_probability"] for m in run.history],
-        "illegal_fraction": [m["illegal_fraction"] for m in run.history],
-        "illegal_moves": int(sum(m["illegal_moves"] for m in run.history)),
-        "replay_ratio_error": _ppo.largest(m["replay_ratio_error"] for m in run.history),
-        "minibatch_ratio_error": _ppo.largest(m["minibatch_ratio_error"] for m in run.history),
-        "compile_s": run.compile_s,
-        "train_s": run.train_s,
-        "steps_per_second": iterations * steps_per_iteration / run.train_s,
-        "last_iteration": run.history[-1],
-    }
+    illegal = log["per_iteration"]["illegal_moves"]
+    log["illegal_fraction"] = [count / moves for count in illegal]
+    log["illegal_moves"] = int(sum(illegal))
     return model, log
 
 
@@ -390,7 +244,7 @@ def _outcomes(total, lost_illegal, over) -> dict[str, Any]:
     }
 
 
-def evaluate(model: ActorCritic, config: Config) -> dict[str, Any]:
+def evaluate(model: _ppo.ActorCritic, config: Config) -> dict[str, Any]:
     """Outcomes of the final policy and of a random legal player against the opponent.
 
     Each plays ``config.eval_episodes`` games with the same first movers (the same
@@ -412,7 +266,7 @@ def evaluate(model: ActorCritic, config: Config) -> dict[str, Any]:
     def policy(deterministic):
         def act(state, obs, legal, _):
             model = nnx.merge(graphdef, state)
-            out = model.policy(obs, legal if mask else None, deterministic=deterministic)
+            out = model.policy(obs, mask=legal if mask else None, deterministic=deterministic)
             return nnx.state(model), out.output["action"]
 
         return act
@@ -459,7 +313,8 @@ def plot(path, summaries: list[dict]) -> None:
         curve.plot(summary["curve_steps"], summary["curve_returns"], color=color, label=name)
         curve.axhline(summary["deterministic_return"], color=color, linestyle="--", linewidth=1)
         if masked:
-            values, what = summary["masked_probability"], "mask: masked_probability"
+            values = summary["per_iteration"]["masked_probability"]
+            what = "mask: masked_probability"
         else:
             values, what = summary["illegal_fraction"], "no mask: fraction of moves illegal"
         illegal.plot(summary["iteration_steps"], values, color=color, label=what)
@@ -563,11 +418,9 @@ def _lines(summary: dict) -> list[str]:
         f"{'-' if reached is None else f'{reached:,}'} moves",
         f"illegal moves in training: {summary['illegal_moves']:,}; probability of an "
         f"illegal move in the last iteration: masked_probability "
-        f"{summary['masked_probability'][-1]:.2e}, fraction played "
+        f"{summary['per_iteration']['masked_probability'][-1]:.2e}, fraction played "
         f"{summary['illegal_fraction'][-1]:.2e}",
-        f"replay ratio before the first update: max |ratio - 1| = "
-        f"{summary['replay_ratio_error']:.1e} in the rollout's shapes, "
-        f"{summary['minibatch_ratio_error']:.1e} over the whole batch",
+        _ppo.replay_line(summary),
     ]
 
 

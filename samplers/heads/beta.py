@@ -1,29 +1,20 @@
 """The Beta head: actions on ``[low, high]`` from a Beta per dimension, sampled or replayed.
 
-Behaviour is driven by ``rollout_extras``, as for the squashed-Normal heads:
-
-- ``None`` (rollout, inference): sample a fresh pre-image ``z = logit(u)`` and emit
-  it as ``rollout_extras``, so that a later loss pass can replay it.
-- an array (loss replay): score that stored pre-image under the current
-  parameters. The stream still advances by the same keys as in the rollout.
-
-``deterministic`` (set by ``module.eval()``, or per call) replaces the fresh sample
-by the mean; a replayed pre-image is still scored as given.
+The replay data is the pre-image ``z = logit(u)``, as the squashed-Normal heads store
+theirs; the call is :class:`samplers.ActionSampler`'s.
 """
 
 from typing import cast
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
 from samplers.distributions.beta import SquashedBeta, squashed_beta
 from samplers.distributions.bijectors import BoundedTanh, Squashing, squashing
 from samplers.heads.action_sampler import ActionSampler, bound_metrics
-from samplers.heads.module import StatefulModuleOutput
 from samplers.heads.static import Static
 
 
@@ -83,7 +74,7 @@ class BetaSampler(ActionSampler):
     Example:
         >>> import jax.numpy as jnp
         >>> from flax import nnx
-        >>> from samplers.heads.beta import BetaSampler
+        >>> from samplers import BetaSampler
         >>> head = BetaSampler(nnx.Rngs(0), 0.01, low=-2.0, high=2.0)
         >>> out = head((), jnp.zeros((5, 4)))
         >>> again = head((), jnp.zeros((5, 4)), out.rollout_extras)
@@ -94,8 +85,8 @@ class BetaSampler(ActionSampler):
 
     def __init__(
         self,
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        entropy_weight: float | None = None,
+        rngs: nnx.Rngs | nnx.RngStream,
+        entropy_weight: float,
         *,
         action_dim: int | None = None,
         low: Float[ArrayLike, "*action"] = 0.0,
@@ -104,9 +95,8 @@ class BetaSampler(ActionSampler):
         reparameterized: bool = False,
         per_env_streams: bool = False,
         rng_collection: str = "action",
-        **deprecated,
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams, deprecated)
+        self._init_stream(rngs, rng_collection, per_env_streams)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self.action_dim = (
             None if action_dim is None else _checks.positive_int("action_dim", action_dim)
@@ -133,88 +123,18 @@ class BetaSampler(ActionSampler):
         """The upper bounds, as given."""
         return self._bounds.value[1]
 
-    @property
-    def num_params(self) -> int:
-        """``2 * action_dim``, the width of ``[raw_alpha | raw_beta]``.
+    def _distribution(self, inputs: Float[Array, "*batch params"], mask=None) -> SquashedBeta:
+        if self.action_dim is not None:
+            self._check_width(inputs, "[raw_alpha | raw_beta]", "2 * action_dim")
+        return squashed_beta(inputs, self.low, self.high, min_concentration=self.min_concentration)
 
-        Raises:
-            AttributeError: the head was built without ``action_dim``.
-        """
-        if self.action_dim is None:
-            raise AttributeError(
-                f"{type(self).__name__} was built without action_dim, so its input width "
-                f"is 2 * the action dimension of each input; pass action_dim= to fix "
-                f"num_params."
-            )
-        return 2 * self.action_dim
-
-    def distribution(self, params: Float[Array, "*batch params"], /) -> SquashedBeta:
-        """The distribution this sampler draws from for the given network output."""
-        if self.action_dim is not None and jnp.shape(params)[-1:] != (self.num_params,):
-            raise ValueError(
-                f"{type(self).__name__} expects [raw_alpha | raw_beta] of shape "
-                f"[*batch, {self.num_params}] (2 * action_dim), got {jnp.shape(params)}; "
-                f"size the network's last layer to head.num_params."
-            )
-        return squashed_beta(params, self.low, self.high, min_concentration=self.min_concentration)
-
-    def __call__(
-        self,
-        state: tuple[()] | PRNGKeyArray,
-        params: Float[Array, "*batch params"],
-        rollout_extras: Float[Array, "*batch action"] | None = None,
-        *,
-        deterministic: bool | None = None,
-    ) -> StatefulModuleOutput:
-        """Samples a fresh action, or replays the pre-image in ``rollout_extras``.
-
-        Args:
-            state: ``()``, or with ``per_env_streams`` one key per batch element.
-            params: ``[raw_alpha | raw_beta]``, shape ``[*batch, 2 * action]``.
-            rollout_extras: ``None`` to sample; the ``rollout_extras`` of an earlier
-                call (the pre-image, ``[*batch, action]``) to replay it.
-            deterministic: Overrides ``self.deterministic`` for this call.
-
-        Raises:
-            ValueError: the input width is not ``num_params``, the replayed
-                pre-image's shape is not the action shape, or the per-environment
-                keys do not match the batch shape.
-            TypeError: the replayed pre-image is not floating or has fewer bits than
-                the dtype the distribution computes in (its replay would not
-                reproduce the log-likelihood), or ``state`` is not a key array with
-                ``per_env_streams``.
-        """
-        dist = self.distribution(params)
-        deterministic = self._deterministic(deterministic)
-        # The entropy key is drawn but unused (the entropy is exact), so that the stream
-        # advances as the squashed-Normal heads' does.
-        next_state, sample_key, _ = self._keys(state, dist.batch_shape, deterministic)
-        a, b = dist.concentration1, dist.concentration0
-        if rollout_extras is None:
-            if deterministic or sample_key is None:
-                pre_image = dist.mean_pre_image()
-            else:
-                pre_image = dist.sample_pre_image(seed=sample_key)
-            if not self.reparameterized:
-                pre_image = jax.lax.stop_gradient(pre_image)
-        else:
-            pre_image = _checks.replayed_pre_image(
-                rollout_extras, a.shape, a.dtype, hint=" (the stored pre-image z)"
-            )
-            pre_image = jax.lax.stop_gradient(pre_image)
-        action, log_likelihood = dist.forward_and_log_prob(pre_image)
+    def _metrics(self, inputs, dist: SquashedBeta, output, own, old_log_likelihood) -> dict:
         bounds = cast(Squashing, squashing(dist.bijector))  # a SquashedBeta declares them
-        saturation, bound_distance = bound_metrics(bounds, jax.lax.stop_gradient(action))
-        metrics = {
-            "alpha": a,
-            "beta": b,
+        action = jax.lax.stop_gradient(output["action"])
+        saturation, bound_distance = bound_metrics(bounds, action)
+        return {
+            "alpha": dist.concentration1,
+            "beta": dist.concentration0,
             "saturation": saturation,
             "bound_distance": bound_distance,
         }
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output={"action": action, "log_likelihood": log_likelihood},
-            regularization_loss=-self.entropy_weight * dist.entropy(),
-            metrics=metrics,
-            rollout_extras=jax.lax.stop_gradient(pre_image),
-        )

@@ -1,10 +1,8 @@
 """Discrete heads with action masks: one choice, several choices, bits.
 
-Each head takes logits in, with an optional boolean ``mask`` as a keyword of the
-call, and returns ``{"action", "log_likelihood"}``; the rollout emits the action
-as ``rollout_extras`` and a replay scores that stored action under the current
-logits and the replay's mask. The stream, ``eval()`` and per-environment streams
-are those of :class:`samplers.ActionSampler`.
+Each head is a masked distribution of the pure layer in the shell of
+:class:`samplers.ActionSampler`: the network output is the logits, the mask a
+keyword of the call, and the replay data the action itself.
 """
 
 import abc
@@ -15,31 +13,58 @@ import distrax
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float
 
 from samplers import _checks
 from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.discrete import MultiBinary, MultiDiscrete
 from samplers.heads.action_sampler import ActionSampler
-from samplers.heads.module import StatefulModuleOutput
 
 Mask = Any  # booleans, or for MultiDiscrete one array per sub-action, or None
 
 
 class _MaskedSampler(ActionSampler):
-    """What the discrete heads share: everything but the distribution."""
+    """What the discrete heads share: everything but the distribution.
+
+    The call is :class:`samplers.ActionSampler`'s, with ``mask``: booleans, True
+    where allowed (see each class for the shape); ``None`` allows everything. Pass
+    the same mask to the replay as to the rollout: then the same logits, in the
+    same batch shape, give the rollout's log-likelihood bit for bit (XLA may round
+    a row differently by an ulp in a batch of another shape). A stored action that
+    the replay's mask forbids scores ``-inf`` (the PPO ratio is 0, with zero
+    gradient), never NaN. ``deterministic`` takes the most probable allowed action.
+
+    ``regularization_loss`` is ``-entropy_weight * entropy`` over the allowed
+    actions; ``metrics`` are ``allowed_actions``, the number of allowed actions
+    (for several sub-actions, of allowed combinations), and
+    ``masked_probability``, the probability that the logits before masking put on
+    forbidden actions (0 without a mask; NaN where a logit is NaN or ``+inf``,
+    masked or not, as the probabilities before masking are then undefined), both
+    without gradient. The entropy is exact, so a replay and an ``eval()`` call draw
+    no key.
+    """
+
+    takes_mask = True
 
     def __init__(
         self,
-        rngs: nnx.Rngs | nnx.RngStream | None,
-        entropy_weight: float | None,
+        rngs: nnx.Rngs | nnx.RngStream,
+        entropy_weight: float,
         *,
         per_env_streams: bool = False,
         rng_collection: str = "action",
-        **deprecated,
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams, deprecated)
+        self._init_stream(rngs, rng_collection, per_env_streams)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+
+    def _distribution(self, inputs: Float[Array, "*batch params"], mask) -> distrax.Distribution:
+        logits = _checks.logits_array("logits", inputs)
+        self._check_width(logits, "logits")
+        return self._make(logits, mask)
+
+    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
+        logits = _checks.logits_array("logits", inputs)  # in the dtype the head computes in
+        return jax.lax.stop_gradient(self._masks_metrics(logits, dist))
 
     @property
     @abc.abstractmethod
@@ -54,103 +79,7 @@ class _MaskedSampler(ActionSampler):
     def _choices(self, logits: Array, dist: Any) -> tuple[Any, Any]:
         """``(mask, unmasked log-probabilities)`` of each choice, ``[*batch, ..., choices]``."""
 
-    def distribution(
-        self, logits: Float[Array, "*batch params"], mask: Mask = None
-    ) -> distrax.Distribution:
-        """The distribution this head draws from for the given logits and mask."""
-        logits = _checks.float_array("logits", logits)
-        if logits.ndim < 1 or logits.shape[-1] != self.num_params:
-            raise ValueError(
-                f"{type(self).__name__} expects logits of shape [*batch, {self.num_params}] "
-                f"(head.num_params), got {logits.shape}; size the network's last layer "
-                f"to head.num_params."
-            )
-        return self._make(logits, mask)
-
-    def __call__(
-        self,
-        state: tuple[()] | PRNGKeyArray,
-        logits: Float[Array, "*batch params"],
-        rollout_extras: Int[Array, "*batch_and_action"] | None = None,
-        *,
-        mask: Mask = None,
-        deterministic: bool | None = None,
-    ) -> StatefulModuleOutput:
-        """Samples an allowed action, or scores the stored one in ``rollout_extras``.
-
-        Args:
-            state: ``()``, or with ``per_env_streams`` one key per batch element.
-            logits: The network output, ``[*batch, num_params]``.
-            rollout_extras: ``None`` to sample; the ``rollout_extras`` of an
-                earlier call (the action it took) to score it.
-            mask: Booleans, True where allowed (see the class for the shape);
-                ``None`` allows everything. Pass the same mask to the replay as to
-                the rollout: then the same logits, in the same batch shape, give
-                the rollout's log-likelihood bit for bit (XLA may round a row
-                differently by an ulp in a batch of another shape).
-                A stored action that the replay's mask forbids scores ``-inf``
-                (the PPO ratio is 0, with zero gradient), never NaN.
-            deterministic: Overrides ``self.deterministic`` for this call: the
-                most probable allowed action instead of a sample.
-
-        Returns:
-            ``output``: ``{"action", "log_likelihood"}``; ``regularization_loss``:
-            ``-entropy_weight * entropy``, over the allowed actions;
-            ``metrics``: ``allowed_actions``, the number of allowed actions (for
-            several sub-actions, of allowed combinations), and
-            ``masked_probability``, the probability that the logits before
-            masking put on forbidden actions (0 without a mask; NaN where a
-            logit is NaN or ``+inf``, masked or not, as the probabilities before
-            masking are then undefined), both without gradient;
-            ``rollout_extras``: the action.
-
-        Raises:
-            ValueError: the logits' last axis is not ``num_params``, a mask's
-                shape differs, or the stored action's shape is not the action's.
-            TypeError: a mask is not boolean, or the stored action is not integer.
-        """
-        dist = self.distribution(logits, mask)
-        deterministic = self._deterministic(deterministic)
-        next_state, sample_key, _ = self._keys(state, dist.batch_shape, deterministic)
-        if rollout_extras is None:
-            if deterministic:
-                action = dist.mode()
-            else:
-                action = self._sample(logits, mask, dist, sample_key)
-        else:
-            action = jnp.asarray(rollout_extras)
-            _checks.stored_action_dtype(action, dist.dtype)
-            expected = dist.batch_shape + dist.event_shape
-            if action.shape != expected:
-                raise ValueError(
-                    f"rollout_extras must have the action shape {expected}, got "
-                    f"{action.shape}; pass the rollout_extras of the rollout call."
-                )
-        action = jax.lax.stop_gradient(action)
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output={"action": action, "log_likelihood": dist.log_prob(action)},
-            regularization_loss=-self.entropy_weight * dist.entropy(),
-            metrics=jax.lax.stop_gradient(self._metrics(logits, dist)),
-            rollout_extras=action,
-        )
-
-    def _sample(self, logits, mask, dist, keys):
-        """A sample from one key, or with ``per_env_streams`` one per batch element."""
-        if not self.per_env_streams:
-            return dist.sample(seed=keys)
-        batch_shape = keys.shape
-
-        def rows(x):
-            return x.reshape(-1, *x.shape[len(batch_shape) :])
-
-        def sample_row(row_logits, row_mask, key):
-            return self._make(row_logits, row_mask).sample(seed=key)
-
-        samples = jax.vmap(sample_row)(rows(logits), jax.tree.map(rows, mask), keys.reshape(-1))
-        return samples.reshape(*batch_shape, *samples.shape[1:])
-
-    def _metrics(self, logits, dist) -> dict[str, Array]:
+    def _masks_metrics(self, logits, dist) -> dict[str, Array]:
         """``allowed_actions`` and ``masked_probability`` per batch element.
 
         Each sub-action's forbidden mass is summed from the forbidden choices
@@ -200,12 +129,16 @@ class CategoricalSampler(_MaskedSampler):
 
     def __init__(
         self,
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        entropy_weight: float | None = None,
-        num_actions: int | None = None,
-        **options,
+        rngs: nnx.Rngs | nnx.RngStream,
+        entropy_weight: float,
+        num_actions: int,
+        *,
+        per_env_streams: bool = False,
+        rng_collection: str = "action",
     ):
-        super().__init__(rngs, entropy_weight, **options)
+        super().__init__(
+            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+        )
         self.num_actions = _checks.positive_int("num_actions", num_actions)
 
     @property
@@ -245,12 +178,16 @@ class MultiDiscreteSampler(_MaskedSampler):
 
     def __init__(
         self,
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        entropy_weight: float | None = None,
-        nvec: Sequence[int] | None = None,
-        **options,
+        rngs: nnx.Rngs | nnx.RngStream,
+        entropy_weight: float,
+        nvec: Sequence[int],
+        *,
+        per_env_streams: bool = False,
+        rng_collection: str = "action",
     ):
-        super().__init__(rngs, entropy_weight, **options)
+        super().__init__(
+            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+        )
         self.nvec = _checks.nvec(nvec)
 
     @property
@@ -294,12 +231,16 @@ class MultiBinarySampler(_MaskedSampler):
 
     def __init__(
         self,
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        entropy_weight: float | None = None,
-        num_bits: int | None = None,
-        **options,
+        rngs: nnx.Rngs | nnx.RngStream,
+        entropy_weight: float,
+        num_bits: int,
+        *,
+        per_env_streams: bool = False,
+        rng_collection: str = "action",
     ):
-        super().__init__(rngs, entropy_weight, **options)
+        super().__init__(
+            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+        )
         self.num_bits = _checks.positive_int("num_bits", num_bits)
 
     @property

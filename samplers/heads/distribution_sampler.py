@@ -12,11 +12,10 @@ import distrax
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float
 
 from samplers import _checks
 from samplers.heads.action_sampler import ActionSampler
-from samplers.heads.module import StatefulModuleOutput
 from samplers.heads.static import Static
 
 
@@ -28,9 +27,9 @@ class DistributionSampler(ActionSampler):
     ``dist.log_prob`` under the current parameters (for a Categorical, the
     stored index). ``deterministic`` acts with ``dist.mode()`` instead. The
     ``regularization_loss`` is ``-entropy_weight * dist.entropy()``, exact where
-    distrax has a closed form (Beta, Categorical, Normal). Each call draws one key
-    for the sample (drawn but unused in replay, none when deterministic) and one
-    more that is unused, so the stream advances as the squashed-Normal samplers'.
+    distrax has a closed form (Beta, Categorical, Normal). A rollout draws a key for
+    its sample (and one more, unused, as every head does); a replay or an ``eval()``
+    call draws none (see :class:`samplers.ActionSampler`).
 
     Numerical caveat: the stored action is scored as it is. A float32 Beta sample
     can round to exactly 0 or 1, where ``log_prob`` is infinite; for squashed
@@ -55,11 +54,12 @@ class DistributionSampler(ActionSampler):
             the network output.
         per_env_streams: If True, one random stream per environment in the carry
             state, as in :class:`samplers.SquashedNormalSampler`; each batch
-            element then samples ``make_distribution(params[i])`` with its own
-            key, so ``make_distribution`` must also accept one element's
-            parameters.
+            element then samples its row of the distribution (``jax.vmap`` over
+            the distribution's arrays, which lead with the batch axes) with its
+            own key.
         rng_collection: The stream keys are drawn from, falling back to
             ``default``; see :class:`samplers.ActionSampler`.
+        rng: Deprecated, the old name of ``rngs``.
 
     Raises:
         TypeError: ``rngs`` is not an ``nnx.Rngs`` or ``nnx.RngStream``,
@@ -90,19 +90,31 @@ class DistributionSampler(ActionSampler):
         *,
         per_env_streams: bool = False,
         rng_collection: str = "action",
-        **deprecated,
+        rng: nnx.Rngs | nnx.RngStream | None = None,
     ):
         if not callable(make_distribution):
             raise TypeError(
                 f"make_distribution must be a function params -> distrax distribution, got "
                 f"{type(make_distribution).__name__}."
             )
-        self._init_stream(rngs, rng_collection, per_env_streams, deprecated)
+        self._init_stream(rngs, rng_collection, per_env_streams, rng)
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self._make_distribution = Static(make_distribution)
 
-    def distribution(self, params: Float[Array, "*batch params"]) -> distrax.Distribution:
-        """The distribution this sampler draws from for the given network output."""
+    @property
+    def num_params(self) -> int:
+        """None: ``make_distribution`` takes network outputs of any width.
+
+        Raises:
+            AttributeError: always.
+        """
+        raise AttributeError(
+            "DistributionSampler has no num_params: make_distribution takes network outputs "
+            "of any width; in a composite, use a head with a fixed width."
+        )
+
+    def _distribution(self, inputs: Float[Array, "*batch params"], mask=None):
+        params = inputs
         dist = self._make_distribution.value(params)
         if not isinstance(dist, distrax.Distribution):
             raise TypeError(
@@ -119,54 +131,13 @@ class DistributionSampler(ActionSampler):
             )
         return dist
 
-    def __call__(
-        self,
-        state: tuple[()] | PRNGKeyArray,
-        params: Float[Array, "*batch params"],
-        rollout_extras: Array | None = None,
-        *,
-        deterministic: bool | None = None,
-    ) -> StatefulModuleOutput:
-        """Samples a fresh action, or scores the stored one in ``rollout_extras``.
-
-        ``deterministic`` overrides ``self.deterministic`` for this call.
-
-        Raises:
-            ValueError: the stored action's shape is not the distribution's
-                ``batch_shape + event_shape``.
-            TypeError: the distribution samples integers and the stored action's
-                dtype is not an integer dtype, or it samples floats and the
-                stored action is not floating or has fewer bits than the samples.
-        """
-        dist = self.distribution(params)
-        # The entropy key goes unused: the stream advances as the squashed samplers'.
-        deterministic = self._deterministic(deterministic)
-        next_state, sample_key, _ = self._keys(state, dist.batch_shape, deterministic)
-        if rollout_extras is None:
-            action = dist.mode() if deterministic else self._sample(params, sample_key)
-        else:
-            action = jnp.asarray(rollout_extras)
-            _checks.stored_action_dtype(action, dist.dtype)
-            expected = dist.batch_shape + dist.event_shape
-            if action.shape != expected:
-                raise ValueError(
-                    f"rollout_extras must have the action shape {expected}, got "
-                    f"{action.shape}; pass the rollout_extras of the rollout call."
-                )
-        action = jax.lax.stop_gradient(action)
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output={"action": action, "log_likelihood": dist.log_prob(action)},
-            regularization_loss=-self.entropy_weight * dist.entropy(),
-            metrics={},
-            rollout_extras=action,
-        )
-
-    def _sample(self, params, key):
-        if not self.per_env_streams:
-            return self.distribution(params).sample(seed=key)
+    def _draw_data(self, inputs, dist, modes, key) -> Array:
+        if modes or not self.per_env_streams:
+            return super()._draw_data(inputs, dist, modes, key)
+        # Each row of the user's distribution, made from its row of inputs: a distrax
+        # distribution's arrays need not lead with the batch axes.
         batch_shape = key.shape
-        flat = params.reshape(-1, *params.shape[len(batch_shape) :])
-        draw = jax.vmap(lambda p, k: self.distribution(p).sample(seed=k))
-        samples = draw(flat, key.reshape(-1))
-        return samples.reshape(*batch_shape, *samples.shape[1:])
+        rows = inputs.reshape(-1, *inputs.shape[len(batch_shape) :])
+        draw = jax.vmap(lambda row, k: self._make_distribution.value(row).sample(seed=k))
+        samples = draw(rows, key.reshape(-1))
+        return jax.lax.stop_gradient(samples.reshape(*batch_shape, *samples.shape[1:]))

@@ -57,9 +57,11 @@ def head_for(
     ``Dict`` or ``Tuple`` it applies to every ``Box`` part.
 
     A ``Box`` must be one-dimensional and floating, with every dimension bounded
-    on both sides or on neither: tanh cannot map onto a half-line, so a box
-    bounded on one side only is refused rather than given a head whose actions
-    miss part of it. ``Discrete`` and ``MultiDiscrete`` must start at 0.
+    on both sides or every dimension unbounded: tanh cannot map onto a half-line,
+    so a box bounded on one side only is refused rather than given a head whose
+    actions miss part of it, and a box mixing bounded and unbounded dimensions is
+    refused with the advice to split it into a ``Tuple`` (the error names each
+    dimension and what it is). ``Discrete`` and ``MultiDiscrete`` must start at 0.
     Anything else (``Text``, ``Graph``, ``Sequence``, ...) is refused, also as a
     part of a ``Dict`` or ``Tuple``, naming the part.
 
@@ -177,17 +179,40 @@ def _box_squashing(space) -> tuple[int, distrax.Bijector | None]:
     if np.all(unbounded):
         return dim, None
     if not np.all(finite):
-        raise ValueError(
-            f"head_for needs each Box dimension bounded on both sides or on neither, got "
-            f"low={low.tolist()}, high={high.tolist()} (dimensions "
-            f"{np.flatnonzero(~finite & ~unbounded).tolist()} are half-bounded or NaN); "
-            f"tanh cannot map onto a half-line. Bound them, or build a SquashedNormalSampler "
-            f"with a bijector of your own."
-        )
+        raise ValueError(_mixed_bounds_message(low, high, finite, unbounded))
     if np.all(low == -1.0) and np.all(high == 1.0):
         return dim, Tanh()
     dtype = np.dtype(space.dtype)
     return dim, BoundedTanh(low.astype(dtype), high.astype(dtype))
+
+
+def _mixed_bounds_message(low, high, bounded, unbounded) -> str:
+    """Names each dimension of a Box that is not bounded throughout (nor unbounded
+    throughout) as bounded, unbounded, half-bounded or with a NaN bound, and the fix."""
+    nan = np.isnan(low) | np.isnan(high)
+    half = ~bounded & ~unbounded & ~nan
+    kinds = {"bounded": bounded, "unbounded": unbounded, "half-bounded": half, "NaN": nan}
+    found = ", ".join(
+        f"{np.flatnonzero(where).tolist()} {kind}" for kind, where in kinds.items() if np.any(where)
+    )
+    if np.any(half | nan):
+        reason = "tanh cannot map onto a half-line" if np.any(half) else "NaN bounds nothing"
+        fix = (
+            f"{reason}, so give dimensions {np.flatnonzero(half | nan).tolist()} finite bounds "
+            f"on both sides (or none), or build a SquashedNormalSampler with a bijector of "
+            f"your own"
+        )
+    else:
+        fix = (
+            f"one head squashes every dimension of a Box or none, so split it into a Tuple of "
+            f"a bounded Box (dimensions {np.flatnonzero(bounded).tolist()}) and an unbounded "
+            f"one (dimensions {np.flatnonzero(unbounded).tolist()}), which head_for gives a "
+            f"head each"
+        )
+    return (
+        f"head_for needs each Box dimension bounded on both sides, or each unbounded, got "
+        f"low={low.tolist()}, high={high.tolist()}: dimensions {found}; {fix}."
+    )
 
 
 def _beta(space, dim: int, bijector, rngs, entropy_weight, options: dict) -> BetaSampler:

@@ -1,16 +1,8 @@
 """The squashed-Normal heads: ``f(x)``, ``x ~ N(mean, std)``, sampled or replayed.
 
-Behaviour is driven by ``rollout_extras``:
-
-- ``None`` (rollout, inference): sample a fresh pre-image ``x`` and emit it as
-  ``rollout_extras`` so that a later loss pass can replay it.
-- an array (loss replay): score that stored pre-image under the current
-  parameters. The stream still advances by the same keys as in the rollout, so
-  other stochastic layers stay in lockstep.
-
-``deterministic`` (set by ``module.eval()``, or per call) replaces the fresh
-sample by the mean, so the action is ``f(mean)``; a replayed pre-image is still
-scored as given.
+The replay data is the pre-image ``x``: a replay scores the stored ``x`` under the
+current parameters, never ``f^-1(action)``, which is infinite once ``f`` saturates.
+The call is :class:`samplers.ActionSampler`'s.
 """
 
 import math
@@ -22,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import checkify
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float
 
 from samplers import _checks
 from samplers._numerics import k3
@@ -30,7 +22,6 @@ from samplers.distributions.bijectors import Tanh, squashing
 from samplers.distributions.constructors import squashed_normal, squashed_normal_from_log_std
 from samplers.distributions.squashed_normal import SquashedNormal
 from samplers.heads.action_sampler import ActionSampler, bound_metrics
-from samplers.heads.module import StatefulModuleOutput
 from samplers.heads.static import Static
 
 # The entropy choices that take a number of samples or nodes, with its default.
@@ -75,7 +66,6 @@ class SquashedNormalSampler(ActionSampler):
             then :attr:`num_params` is ``2 * action_dim`` and a call refuses an
             input of another width. ``None`` (the default) takes the action
             dimension from each input.
-        **options: Keyword-only, those below.
         bijector: Elementwise squashing: ``samplers.Tanh()`` (the default),
             ``samplers.BoundedTanh(low, high)``, ``distrax.Sigmoid()``,
             ``distrax.Lambda(lambda x: x)``, ...
@@ -88,8 +78,9 @@ class SquashedNormalSampler(ActionSampler):
             ``dist.entropy()`` (tanh, ``BoundedTanh`` and sigmoid), deterministic
             and differentiable, about 5x the cost of the 8-node quadrature.
             ``"base"``: the Normal's entropy alone, ignoring the squashing; biased
-            upwards for tanh. Every choice draws the same key, so the stream does
-            not depend on it.
+            upwards for tanh. Only ``"sample"`` needs a key: with another choice a
+            replay or an ``eval()`` call draws none (see
+            :class:`samplers.ActionSampler`).
         reparameterized: If True, the action keeps its pathwise gradient: a
             fresh sample and its log-likelihood are differentiable functions of
             ``mean`` and ``std`` through ``x = mean + std * eps``, and the
@@ -112,13 +103,15 @@ class SquashedNormalSampler(ActionSampler):
             "log_likelihood"}`` as ``rollout_extras`` (instead of the pre-image
             alone) and a replay of it adds ``log_ratio`` and ``approx_kl`` to
             ``metrics``.
-        checked: If True, each call checks that its input is finite with
-            ``jax.experimental.checkify`` and reports the first offending batch
-            index (run the step under ``checkify.checkify``; eager calls raise at
-            once). Off by default: NaN or inf inputs then give NaN or inf
-            outputs, never finite wrong numbers.
+        checked: If True, each call (and :meth:`distribution`) checks that its
+            input is finite with ``jax.experimental.checkify`` and reports the
+            first offending batch index (run the step under
+            ``checkify.checkify``; eager calls raise at once). Off by default: NaN
+            or inf inputs then give NaN or inf outputs, never finite wrong numbers.
         rng_collection: The name of the stream keys are drawn from; an
             ``nnx.Rngs`` without it falls back to its ``default`` stream.
+        rng: Deprecated, the old name of ``rngs``.
+        entropy_points: Deprecated: pass ``entropy=(name, n)``.
 
     Raises:
         TypeError: no stream, or not an ``nnx.Rngs`` or ``nnx.RngStream``, or an
@@ -144,35 +137,6 @@ class SquashedNormalSampler(ActionSampler):
         std_scale: float = 1.0,
         *,
         action_dim: int | None = None,
-        **options,
-    ):
-        self._init_head(rngs, entropy_weight, **options)
-        self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
-        self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
-        self.action_dim = (
-            None if action_dim is None else _checks.positive_int("action_dim", action_dim)
-        )
-
-    @property
-    def num_params(self) -> int:
-        """``2 * action_dim``, the width of ``[mean | raw_std]``.
-
-        Raises:
-            AttributeError: the head was built without ``action_dim``.
-        """
-        if self.action_dim is None:
-            raise AttributeError(
-                f"{type(self).__name__} was built without action_dim, so its input width "
-                f"is 2 * the action dimension of each input; pass action_dim= (or build it "
-                f"with samplers.head_for) to fix num_params."
-            )
-        return 2 * self.action_dim
-
-    def _init_head(
-        self,
-        rngs: nnx.Rngs | nnx.RngStream | None,
-        entropy_weight: float | None,
-        *,
         bijector: distrax.Bijector | Callable | None = None,
         entropy: Entropy = "sample",
         reparameterized: bool = False,
@@ -180,11 +144,36 @@ class SquashedNormalSampler(ActionSampler):
         log_ratio_metrics: bool = False,
         checked: bool = False,
         rng_collection: str = "action",
-        **deprecated,
+        rng: nnx.Rngs | nnx.RngStream | None = None,
+        entropy_points: int | None = None,
+    ):
+        self._init_stream(rngs, rng_collection, per_env_streams, rng)
+        self._init_options(
+            entropy_weight,
+            bijector,
+            entropy,
+            entropy_points,
+            reparameterized,
+            log_ratio_metrics,
+            checked,
+        )
+        self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
+        self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
+        self.action_dim = (
+            None if action_dim is None else _checks.positive_int("action_dim", action_dim)
+        )
+
+    def _init_options(
+        self,
+        entropy_weight,
+        bijector,
+        entropy,
+        entropy_points,
+        reparameterized,
+        log_ratio_metrics,
+        checked,
     ) -> None:
-        """The options every squashed-Normal head takes, with their defaults."""
-        entropy_points = deprecated.pop("entropy_points", None)
-        self._init_stream(rngs, rng_collection, per_env_streams, deprecated)
+        """The options every squashed-Normal head takes, checked."""
         self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
         self.entropy = _entropy_choice(entropy, entropy_points)
         self._bijector = Static(distrax.as_bijector(Tanh() if bijector is None else bijector))
@@ -197,99 +186,40 @@ class SquashedNormalSampler(ActionSampler):
         """The elementwise bijector; its parameters are constants, not module state."""
         return self._bijector.value
 
-    def distribution(self, mean_and_std: Float[Array, "*batch params"], /) -> SquashedNormal:
-        """The distribution this sampler draws from for the given network output."""
-        if self.action_dim is not None and jnp.shape(mean_and_std)[-1:] != (self.num_params,):
-            raise ValueError(
-                f"{type(self).__name__} expects [mean | raw_std] of shape "
-                f"[*batch, {self.num_params}] (2 * action_dim), got {jnp.shape(mean_and_std)}; "
-                f"size the network's last layer to head.num_params."
-            )
-        return squashed_normal(
-            mean_and_std, self.bijector, min_std=self.min_std, std_scale=self.std_scale
-        )
-
-    def __call__(
-        self,
-        state: tuple[()] | PRNGKeyArray,
-        mean_and_std: Float[Array, "*batch params"],
-        rollout_extras: Float[Array, "*batch action"] | dict | None = None,
-        *,
-        deterministic: bool | None = None,
-    ) -> StatefulModuleOutput:
-        """Samples a fresh action, or replays the pre-image in ``rollout_extras``.
-
-        Args:
-            state: ``()``, or with ``per_env_streams`` one key per batch element
-                (from :meth:`initialize_state` or the last call's ``next_state``).
-            mean_and_std: ``[mean | raw_std]``, shape ``[*batch, 2 * action]``
-                (for :class:`StateIndependentSampler`, the mean alone).
-            rollout_extras: ``None`` to sample; the ``rollout_extras`` of an
-                earlier call (shape ``[*batch, action]``, or the dict emitted
-                with ``log_ratio_metrics``) to replay it.
-            deterministic: Overrides ``self.deterministic`` for this call
-                (``None``: the module's flag, as flax's ``Dropout``).
-
-        Raises:
-            ValueError: the replayed pre-image's shape is not the action shape,
-                or the per-environment keys do not match the batch shape.
-            TypeError: the replayed pre-image (or, with ``log_ratio_metrics``,
-                the stored log-likelihood) is not floating or has fewer bits than
-                the dtype the distribution computes in (float32, or float64 for
-                float64 parameters under ``jax_enable_x64``): a pre-image stored
-                in bfloat16 or float16 is no longer the sampled one, and its
-                replay would not reproduce the log-likelihood. Also when
-                ``state`` is not a key array and ``per_env_streams`` is set.
-        """
+    def _distribution(self, inputs: Float[Array, "*batch params"], mask=None) -> SquashedNormal:
         if self.checked:
-            _check_finite(mean_and_std)
-        dist = self.distribution(mean_and_std)
-        deterministic = self._deterministic(deterministic)
-        next_state, sample_key, entropy_key = self._keys(state, dist.batch_shape, deterministic)
-        old_log_likelihood = None
-        if rollout_extras is None:
-            if deterministic or sample_key is None:
-                pre_image = dist.loc
-            else:
-                pre_image = dist.sample_pre_image(seed=sample_key)
-            if not self.reparameterized:
-                pre_image = jax.lax.stop_gradient(pre_image)
-        else:
-            pre_image, old_log_likelihood = self._unpack(
-                rollout_extras, dist.loc.shape, dist.loc.dtype
-            )
-            pre_image = jax.lax.stop_gradient(pre_image)
-        action, log_likelihood = dist.forward_and_log_prob(pre_image)
-        entropy = self._entropy(dist, entropy_key)
-        metrics = self._metrics(dist, action, log_likelihood, old_log_likelihood)
-        pre_image = jax.lax.stop_gradient(pre_image)
-        if self.log_ratio_metrics:
-            rollout_extras = {
-                "pre_image": pre_image,
-                "log_likelihood": jax.lax.stop_gradient(log_likelihood),
-            }
-        else:
-            rollout_extras = pre_image
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output={"action": action, "log_likelihood": log_likelihood},
-            regularization_loss=-self.entropy_weight * entropy,
-            metrics=metrics,
-            rollout_extras=rollout_extras,
+            _check_finite(inputs)
+        if self.action_dim is not None:
+            self._check_width(inputs, "[mean | raw_std]", "2 * action_dim")
+        return squashed_normal(
+            inputs, self.bijector, min_std=self.min_std, std_scale=self.std_scale
         )
 
-    def _metrics(self, dist, action, log_likelihood, old_log_likelihood) -> dict:
+    def _entropy_needs_key(self) -> bool:
+        return self.entropy[0] == "sample"
+
+    def _regularization(self, dist: SquashedNormal, key) -> Array:
+        return -self.entropy_weight * self._entropy(dist, key)
+
+    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
         metrics = {"mu": dist.loc, "sigma": dist.scale}
         bounds = squashing(self.bijector)
         if bounds is not None:
-            metrics["saturation"], metrics["bound_distance"] = bound_metrics(bounds, action)
+            metrics["saturation"], metrics["bound_distance"] = bound_metrics(
+                bounds, output["action"]
+            )
         if old_log_likelihood is not None:
-            log_ratio = log_likelihood - old_log_likelihood
+            log_ratio = output["log_likelihood"] - old_log_likelihood
             metrics["log_ratio"] = log_ratio
             metrics["approx_kl"] = k3(log_ratio)
         return metrics
 
-    def _unpack(self, rollout_extras, action_shape, dtype):
+    def _pack(self, data, own) -> Array | dict:
+        if self.log_ratio_metrics:
+            return {"pre_image": data, "log_likelihood": jax.lax.stop_gradient(own)}
+        return data
+
+    def _unpack(self, dist: SquashedNormal, rollout_extras):
         """The stored pre-image, and the rollout's log-likelihood if it was stored."""
         if not self.log_ratio_metrics:
             if isinstance(rollout_extras, dict):
@@ -298,7 +228,7 @@ class SquashedNormalSampler(ActionSampler):
                     f"sampler replays the stored pre-image array alone; pass "
                     f"log_ratio_metrics=True to the sampler that emitted it."
                 )
-            return _checks.replayed_pre_image(rollout_extras, action_shape, dtype), None
+            return dist.check_replay_data(rollout_extras), None
         if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
             "pre_image",
             "log_likelihood",
@@ -310,13 +240,13 @@ class SquashedNormalSampler(ActionSampler):
             )
         old = rollout_extras["log_likelihood"]
         old = _checks.float_array("rollout_extras['log_likelihood']", old)
-        _checks.stored_precision("rollout_extras['log_likelihood']", old, dtype)
-        if old.shape != action_shape[:-1]:
+        _checks.stored_precision("rollout_extras['log_likelihood']", old, dist.loc.dtype)
+        if old.shape != dist.batch_shape:
             raise ValueError(
                 f"rollout_extras['log_likelihood'] must have the batch shape "
-                f"{action_shape[:-1]}, got {old.shape}."
+                f"{dist.batch_shape}, got {old.shape}."
             )
-        return _checks.replayed_pre_image(rollout_extras["pre_image"], action_shape, dtype), old
+        return dist.check_replay_data(rollout_extras["pre_image"]), old
 
     def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
         name, points = self.entropy
@@ -363,13 +293,14 @@ class StateIndependentSampler(SquashedNormalSampler):
         action_dim: Number of action dimensions (required).
         entropy_weight: Weight of the entropy bonus, finite (required).
         initial_std: The std before training, ``> 0``.
-        **options: ``bijector``, ``entropy``, ``reparameterized``,
-            ``per_env_streams``, ``log_ratio_metrics``, ``checked``,
-            ``rng_collection``, as :class:`SquashedNormalSampler` takes them.
+        bijector: As :class:`SquashedNormalSampler` takes it, and so are
+            ``entropy``, ``reparameterized``, ``per_env_streams``,
+            ``log_ratio_metrics``, ``checked``, ``rng_collection``, and the
+            deprecated ``rng`` and ``entropy_points``.
 
     Raises:
-        TypeError: an option is not a number of the right kind, or is
-            ``min_std`` or ``std_scale`` (the std is learned).
+        TypeError: an option is not a number of the right kind, or an unknown
+            keyword (``min_std`` and ``std_scale`` too: the std is learned).
         ValueError: ``action_dim < 1``, ``initial_std <= 0``, or (when called)
             the input's last axis is not ``action_dim``.
 
@@ -389,16 +320,26 @@ class StateIndependentSampler(SquashedNormalSampler):
         entropy_weight: float | None = None,
         *,
         initial_std: float = 1.0,
-        **options,
+        bijector: distrax.Bijector | Callable | None = None,
+        entropy: Entropy = "sample",
+        reparameterized: bool = False,
+        per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
+        checked: bool = False,
+        rng_collection: str = "action",
+        rng: nnx.Rngs | nnx.RngStream | None = None,
+        entropy_points: int | None = None,
     ):
-        refused = sorted({"min_std", "std_scale"} & set(options))
-        if refused:
-            raise TypeError(
-                f"StateIndependentSampler learns its std as exp(log_std) and takes no "
-                f"{refused}; set initial_std, or use SquashedNormalSampler for a std from the "
-                f"network."
-            )
-        self._init_head(rngs, entropy_weight, **options)
+        self._init_stream(rngs, rng_collection, per_env_streams, rng)
+        self._init_options(
+            entropy_weight,
+            bijector,
+            entropy,
+            entropy_points,
+            reparameterized,
+            log_ratio_metrics,
+            checked,
+        )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
         self.log_std = nnx.Param(jnp.full((self.action_dim,), math.log(initial_std)))
@@ -408,9 +349,11 @@ class StateIndependentSampler(SquashedNormalSampler):
         """``action_dim``: the input is the mean alone."""
         return self.action_dim
 
-    def distribution(self, mean: Float[Array, "*batch action"], /) -> SquashedNormal:
+    def _distribution(self, inputs: Float[Array, "*batch action"], mask=None) -> SquashedNormal:
         """The distribution for the given means, with the learned std."""
-        mean = _checks.float_array("mean", mean)
+        if self.checked:
+            _check_finite(inputs)
+        mean = _checks.float_array("mean", inputs)
         if mean.ndim < 1 or mean.shape[-1] != self.action_dim:
             raise ValueError(
                 f"the input must be the mean, shape [*batch, {self.action_dim}], got "

@@ -1,4 +1,7 @@
-"""The benchmark suite at toy sizes, so that it never rots; nothing here times anything."""
+"""The benchmark suites at toy sizes, so that they never rot; nothing here times anything.
+
+The benchmarks are not the library: every test here is in the slow tier.
+"""
 
 import functools
 import json
@@ -10,9 +13,18 @@ from flax import nnx
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
-from benchmarks import __main__ as suite
-from benchmarks import bandwidth, beta, composite, discrete, implementations
-from tests._tiers import slow
+from benchmarks import __main__ as cli
+from benchmarks import (
+    bandwidth,
+    beta,
+    composite,
+    discrete,
+    implementations,
+    squashed_normal,
+    timing,
+)
+
+pytestmark = pytest.mark.slow
 
 _TINY = {
     "batches": (8,),
@@ -24,11 +36,10 @@ _TINY = {
 }
 
 
-@pytest.mark.slow
 def test_suite_runs_and_writes_its_report(tmp_path):
     with jax.numpy_rank_promotion("allow"):  # TFP broadcasts ranks implicitly
-        text = suite.run(
-            _TINY, tmp_path, device=suite.select_device("cpu"), name="toy", bandwidth_tbs=4.8
+        text = squashed_normal.run(
+            _TINY, tmp_path, device=timing.select_device("cpu"), name="toy", bandwidth_tbs=4.8
         )
     assert (tmp_path / "toy.md").read_text() == text
     for heading in (
@@ -76,7 +87,6 @@ def _noise(step, mean_and_std, key):
     return jax.random.normal(subkey, shape)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shift", [0.0, 12.0], ids=["moderate", "saturated"])
 def test_actor_steps_compute_the_hand_written_value_and_pathwise_gradient(shift):
     mean_and_std = jax.random.normal(jax.random.key(0), (16, 6)).at[:, :3].add(shift)
@@ -94,7 +104,6 @@ def test_actor_steps_compute_the_hand_written_value_and_pathwise_gradient(shift)
             assert jnp.allclose(grad, want[1], rtol=1e-4, atol=1e-5), step.name
 
 
-@pytest.mark.slow
 def test_actor_steps_advance_their_random_state():
     mean_and_std = jax.random.normal(jax.random.key(0), (4, 4))
     with jax.numpy_rank_promotion("allow"):
@@ -117,8 +126,8 @@ def _missing_platform():
 
 
 def test_device_flag_selects_the_platform():
-    assert suite.select_device("cpu").platform == "cpu"
-    assert suite.select_device() == jax.devices()[0]
+    assert timing.select_device("cpu").platform == "cpu"
+    assert timing.select_device() == jax.devices()[0]
 
 
 def test_device_flag_names_the_available_platforms_when_one_is_missing(capsys):
@@ -127,19 +136,19 @@ def test_device_flag_names_the_available_platforms_when_one_is_missing(capsys):
         rf"--device '{missing}': JAX has no {missing} device here; the platforms available are \["
     )
     with pytest.raises(ValueError, match=message + r".*'cpu'.*\]. Pass one of them"):
-        suite.select_device(missing)
+        timing.select_device(missing)
     with pytest.raises(SystemExit):
-        suite.main(["--device", missing])
+        cli.main(["--device", missing])
     assert f"JAX has no {missing} device here" in capsys.readouterr().err
 
 
 def test_flags_choose_the_device_sizes_and_report_name(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(
-        suite, "run", lambda grid, out, **options: calls.append((grid, out, options))
+        squashed_normal, "run", lambda grid, out, **options: calls.append((grid, out, options))
     )
-    suite.main(["--device", "cpu", "--large", "--batches", "8,16", "--out", str(tmp_path)])
-    suite.main(["--large", "--name", "gpu", "--bandwidth-tbs", "4.8"])
+    cli.main(["--device", "cpu", "--large", "--batches", "8,16", "--out", str(tmp_path)])
+    cli.main(["--large", "--name", "gpu", "--bandwidth-tbs", "4.8"])
     (grid, out, options), (large, _, named) = calls
     assert grid["batches"] == (8, 16) and out == tmp_path
     assert options["device"].platform == "cpu"
@@ -151,7 +160,7 @@ def test_flags_choose_the_device_sizes_and_report_name(monkeypatch, tmp_path):
 @pytest.mark.parametrize("batches", ["0", "8,x", ""])
 def test_batches_flag_refuses_what_is_not_a_list_of_sizes(batches, capsys):
     with pytest.raises(SystemExit):
-        suite.main(["--batches", batches])
+        cli.main(["--batches", batches])
     assert "expected positive batch sizes separated by commas" in capsys.readouterr().err
 
 
@@ -184,10 +193,8 @@ def _sample_key(implementation, key):
     return jax.random.split(key)[1]  # the key-based rollouts split their key
 
 
-@pytest.mark.parametrize("implementation", ["samplers", slow("samplers (pure layer)")])
-@pytest.mark.parametrize(
-    "name", [n if n == "Categorical, masked" else slow(n, id=n) for n in _DISCRETE]
-)
+@pytest.mark.parametrize("implementation", ["samplers", "samplers (pure layer)"])
+@pytest.mark.parametrize("name", list(_DISCRETE))
 def test_discrete_heads_compute_what_the_hand_written_code_computes(name, implementation):
     case = _DISCRETE[name]
     impls = {impl.name: impl for impl in implementations.discrete_implementations(case)}
@@ -224,10 +231,11 @@ def test_discrete_heads_compute_what_the_hand_written_code_computes(name, implem
         assert jnp.all(jnp.where(mask, True, grad == 0.0))  # forbidden logits: no gradient
 
 
-@pytest.mark.slow
 def test_discrete_suite_runs_and_writes_its_report(tmp_path):
     with jax.numpy_rank_promotion("allow"):  # distrax's Bernoulli broadcasts ranks implicitly
-        text = discrete.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+        text = discrete.run(
+            (8,), tmp_path, device=timing.select_device("cpu"), name="toy", rounds=1
+        )
     assert (tmp_path / "toy.md").read_text() == text
     for heading in ("## Rollout", "## Loss", "## Where the time goes (B = 8)"):
         assert heading in text
@@ -250,15 +258,15 @@ def test_discrete_flag_runs_the_discrete_suite(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(
         discrete, "run", lambda batches, out, **options: calls.append((batches, out, options))
     )
-    suite.main(["--discrete", "--device", "cpu", "--out", str(tmp_path)])
-    suite.main(["--discrete", "--batches", "8,16", "--name", "other"])
+    cli.main(["--discrete", "--device", "cpu", "--out", str(tmp_path)])
+    cli.main(["--discrete", "--batches", "8,16", "--name", "other"])
     (batches, out, options), (other, _, named) = calls
     assert batches == (1, 4096, 65536) and out == tmp_path
     assert options["name"] == "discrete" and options["device"].platform == "cpu"
     assert options["command"] == f"python -m benchmarks --discrete --device cpu --out {tmp_path}"
     assert other == (8, 16) and named["name"] == "other"
     with pytest.raises(SystemExit):
-        suite.main(["--discrete", "--bandwidth-tbs", "4.8"])
+        cli.main(["--discrete", "--bandwidth-tbs", "4.8"])
     assert "there is no bandwidth floor for the discrete heads" in capsys.readouterr().err
 
 
@@ -266,11 +274,9 @@ _COMPOSITE = {case.name: case for case in composite.composite_cases()}
 
 
 @pytest.mark.parametrize(
-    "implementation", ["samplers", slow("samplers parts, combined by hand", id="parts")]
+    "implementation", ["samplers", pytest.param("samplers parts, combined by hand", id="parts")]
 )
-@pytest.mark.parametrize(
-    "name", [n if n.startswith("Parameterized") else slow(n, id=n) for n in _COMPOSITE]
-)
+@pytest.mark.parametrize("name", list(_COMPOSITE))
 def test_composite_heads_compute_what_the_hand_written_code_computes(name, implementation):
     case = _COMPOSITE[name]
     impls = {impl.name: impl for impl in composite.implementations_of(case)}
@@ -320,9 +326,8 @@ def test_composite_calls_alone_advance_the_streams_as_the_head_does():
     assert not jax.tree.all(jax.tree.map(jnp.array_equal, state, after_rollout))
 
 
-@pytest.mark.slow
 def test_composite_suite_runs_and_writes_its_report(tmp_path):
-    text = composite.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+    text = composite.run((8,), tmp_path, device=timing.select_device("cpu"), name="toy", rounds=1)
     assert (tmp_path / "toy.md").read_text() == text
     for heading in ("## Rollout", "## Loss", "## The call alone (B = 8)", "## Entropy options"):
         assert heading in text
@@ -344,25 +349,25 @@ def test_composite_flag_runs_the_composite_suite(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(
         composite, "run", lambda batches, out, **options: calls.append((batches, out, options))
     )
-    suite.main(["--composite", "--device", "cpu", "--out", str(tmp_path)])
-    suite.main(["--composite", "--batches", "8,16", "--name", "other"])
+    cli.main(["--composite", "--device", "cpu", "--out", str(tmp_path)])
+    cli.main(["--composite", "--batches", "8,16", "--name", "other"])
     (batches, out, options), (other, _, named) = calls
     assert batches == (1, 4096, 65536) and out == tmp_path
     assert options["name"] == "composite" and options["device"].platform == "cpu"
     assert options["command"] == f"python -m benchmarks --composite --device cpu --out {tmp_path}"
     assert other == (8, 16) and named["name"] == "other"
     with pytest.raises(SystemExit):
-        suite.main(["--composite", "--bandwidth-tbs", "4.8"])
+        cli.main(["--composite", "--bandwidth-tbs", "4.8"])
     assert "there is no bandwidth floor for the composite heads" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        suite.main(["--composite", "--discrete"])
+        cli.main(["--composite", "--discrete"])
     assert "--discrete and --composite are separate runs" in capsys.readouterr().err
 
 
 _BETA = {case.name: case for case in beta.beta_cases()}
 
 
-@pytest.mark.parametrize("name", [n if n.startswith("Box(6)") else slow(n, id=n) for n in _BETA])
+@pytest.mark.parametrize("name", list(_BETA))
 def test_beta_head_computes_what_the_hand_written_code_computes(name):
     case = _BETA[name]
     impls = {impl.name: impl for impl in beta.implementations_of(case)}
@@ -397,9 +402,8 @@ def test_beta_head_computes_what_the_hand_written_code_computes(name):
         assert jnp.allclose(grad, want_grad, rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_beta_suite_runs_and_writes_its_report(tmp_path):
-    text = beta.run((8,), tmp_path, device=suite.select_device("cpu"), name="toy", rounds=1)
+    text = beta.run((8,), tmp_path, device=timing.select_device("cpu"), name="toy", rounds=1)
     assert (tmp_path / "toy.md").read_text() == text
     for heading in ("## Rollout", "## Loss"):
         assert heading in text
@@ -418,12 +422,12 @@ def test_beta_flag_runs_the_beta_suite(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(
         beta, "run", lambda batches, out, **options: calls.append((batches, out, options))
     )
-    suite.main(["--beta", "--batches", "8,16", "--out", str(tmp_path)])
+    cli.main(["--beta", "--batches", "8,16", "--out", str(tmp_path)])
     ((batches, out, options),) = calls
     assert batches == (8, 16) and out == tmp_path and options["name"] == "beta"
     with pytest.raises(SystemExit):
-        suite.main(["--beta", "--bandwidth-tbs", "4.8"])
+        cli.main(["--beta", "--bandwidth-tbs", "4.8"])
     assert "there is no bandwidth floor for the Beta head" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        suite.main(["--discrete", "--beta"])
+        cli.main(["--discrete", "--beta"])
     assert "--discrete and --beta are separate runs" in capsys.readouterr().err

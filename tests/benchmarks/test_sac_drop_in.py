@@ -1,4 +1,7 @@
-"""The SAC drop-in benchmark: its actor-loss gradient check, and a tiny run of each ``--dist``."""
+"""The SAC drop-in benchmark: its actor-loss gradient check, and a tiny run of each ``--dist``.
+
+The benchmarks are not the library: every test here is in the slow tier.
+"""
 
 import json
 import math
@@ -6,7 +9,8 @@ import math
 import pytest
 
 from benchmarks import sac_drop_in as sac
-from tests._tiers import SLOW, each_value_once
+
+pytestmark = pytest.mark.slow
 
 # mean(log pi) and its gradients are means of 256 float32 terms; against the float64
 # pathwise values they measured at most 4e-7 relative (about 3 float32 ulps) and
@@ -20,17 +24,8 @@ QUANTITIES = ("d_mean", "d_log_std", "value")
 SATURATED = {"saturated": (1.0, 1.0), "wide": (0.01, 0.2), "moderate": (0.0, 0.0)}
 
 
-# The library at the saturated setting and the hand-written actor at the wide one by
-# default; the other settings slow.
-@pytest.mark.parametrize(
-    *each_value_once(
-        {
-            "dist": {"samplers-pre-image": "samplers-pre-image", "hand-written": "hand-written"},
-            "setting": {name: name for name in sac.GRADIENT_SETTINGS},
-        },
-        slow_ids={"moderate"},
-    )
-)
+@pytest.mark.parametrize("setting", list(sac.GRADIENT_SETTINGS))
+@pytest.mark.parametrize("dist", ["samplers-pre-image", "hand-written"])
 def test_log_prob_gradient_is_the_float64_pathwise_gradient(dist, setting):
     result = sac.log_prob_gradients(dist, *sac.GRADIENT_SETTINGS[setting])
 
@@ -40,11 +35,7 @@ def test_log_prob_gradient_is_the_float64_pathwise_gradient(dist, setting):
         assert result[name] == pytest.approx(result[f"reference_{name}"], rel=RTOL, abs=ATOL), name
 
 
-# The saturated setting, where scoring the rounded action fails worst, by default.
-@pytest.mark.parametrize(
-    "setting",
-    [pytest.param(s, marks=[] if s == "saturated" else [SLOW]) for s in sac.GRADIENT_SETTINGS],
-)
+@pytest.mark.parametrize("setting", list(sac.GRADIENT_SETTINGS))
 def test_sample_then_log_prob_gives_the_gradient_of_sample_with_pre_image(setting):
     # A user's `a = dist.sample(seed=k); dist.log_prob(a)` must score the sample
     # it drew as `sample_with_pre_image` does, saturated or not.
@@ -61,7 +52,6 @@ def test_log_prob_gradients_refuses_a_log_std_on_or_beyond_the_clip(log_std):
         sac.log_prob_gradients("hand-written", 0.0, log_std)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dist", sac.DISTS)
 def test_tiny_training_writes_finite_results(tmp_path, dist):
     out = tmp_path / "results.json"
@@ -84,7 +74,6 @@ def test_tiny_training_writes_finite_results(tmp_path, dist):
         assert math.isfinite(run["alpha"]) and 0 <= run["saturated_fraction_max"] <= 1
 
 
-@pytest.mark.slow
 def test_gradients_flag_prints_and_writes_the_table(tmp_path, capsys):
     out = tmp_path / "results.json"
     table = sac.main(["--gradients", "--out", str(out)])

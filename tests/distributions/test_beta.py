@@ -880,6 +880,134 @@ def test_kl_with_other_bounds_is_refused_or_nan_when_traced():
     np.testing.assert_allclose(traced(1.0), _kl(1.0, 1.0, 2.0, 1.0)[0], rtol=1e-6)
 
 
+# An adversarial grid for the KL: concentrations from 1e-3 to 1e5, each next to a
+# neighbour (1e-3 and 1.1e-3, 30 and 31, 1e5 and 1.1e5), every pair of pairs in both
+# orders and both positions, equal parameters included.
+KL_GRID = (1e-3, 1.1e-3, 1.0, 30.0, 31.0, 1e5, 1.1e5)
+
+
+@functools.cache
+def _polygammas(a, b=0.0):
+    """``lgamma``, ``digamma``, ``trigamma`` and ``tetragamma`` at 50 digits of the exact sum
+    of the floats ``a`` and ``b``."""
+    with mpmath.workdps(DIGITS):
+        t = _mp(a) + _mp(b)
+        return mpmath.loggamma(t), *(mpmath.polygamma(k, t) for k in range(3))
+
+
+def _kl_closed_forms(a1, b1, a2, b2):
+    """The KL from its definition, its four derivatives in closed form and, for each,
+    ``sum over s of |s d2KL/ds dt|`` (the error of rounding the parameters)."""
+    with mpmath.workdps(DIGITS):
+        args = [_mp(v) for v in (a1, b1, a2, b2)]
+        n1, n2 = args[0] + args[1], args[2] + args[3]
+        (g_a1, psi_a1, tri_a1, tet_a1), (g_b1, psi_b1, tri_b1, tet_b1) = (
+            _polygammas(a1),
+            _polygammas(b1),
+        )
+        (g_a2, psi_a2, tri_a2, _), (g_b2, psi_b2, tri_b2, _) = _polygammas(a2), _polygammas(b2)
+        g_n1, psi_n1, tri_n1, tet_n1 = _polygammas(a1, b1)
+        g_n2, psi_n2, tri_n2, _ = _polygammas(a2, b2)
+        a1, b1, a2, b2 = args
+        value = (
+            g_a2 + g_b2 - g_n2 - g_a1 - g_b1 + g_n1
+            + (a1 - a2) * psi_a1 + (b1 - b2) * psi_b1 + (n2 - n1) * psi_n1
+        )  # fmt: skip
+        gradient = [
+            (a1 - a2) * tri_a1 - (n1 - n2) * tri_n1,
+            (b1 - b2) * tri_b1 - (n1 - n2) * tri_n1,
+            psi_a2 - psi_a1 - psi_n2 + psi_n1,
+            psi_b2 - psi_b1 - psi_n2 + psi_n1,
+        ]
+        cross = -tri_n1 - (n1 - n2) * tet_n1
+        hessian = [
+            [tri_a1 + (a1 - a2) * tet_a1 + cross, cross, tri_n1 - tri_a1, tri_n1],
+            [cross, tri_b1 + (b1 - b2) * tet_b1 + cross, tri_n1, tri_n1 - tri_b1],
+            [tri_n1 - tri_a1, tri_n1, tri_a2 - tri_n2, -tri_n2],
+            [tri_n1, tri_n1 - tri_b1, -tri_n2, tri_b2 - tri_n2],
+        ]
+        sizes = [sum(abs(s * h) for s, h in zip(args, row, strict=True)) for row in hessian]
+        return float(value), [float(g) for g in gradient], [float(s) for s in sizes]
+
+
+def test_kl_closed_form_derivatives_are_those_of_the_definition():
+    # The oracle's closed forms against mpmath's numerical derivatives of the definition.
+    for row in [(1e-3, 31.0, 1.1e-3, 1e5), (30.0, 1.0, 31.0, 1.1e5)]:
+        value, gradient, _ = _kl_closed_forms(*row)
+        expected_value, expected_gradient = _kl(*row)
+        np.testing.assert_allclose(value, expected_value, rtol=1e-14)
+        np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kl_value_and_gradient_on_an_adversarial_grid_against_mpmath(dtype):
+    rows = np.array(list(itertools.product(KL_GRID, repeat=4)), dtype)
+    with _x64(dtype):
+
+        def kl(a1, b1, a2, b2):
+            return SquashedBeta(a1, b1, -1.0, 2.0).kl_divergence(SquashedBeta(a2, b2, -1.0, 2.0))
+
+        def total(*p):
+            values = kl(*p)
+            return jnp.sum(values), values
+
+        value_and_grad = jax.jit(jax.value_and_grad(total, (0, 1, 2, 3), has_aux=True))
+        (_, values), gradients = value_and_grad(*(jnp.asarray(rows[:, i, None]) for i in range(4)))
+        values = np.asarray(values, np.float64)
+        gradients = np.concatenate(gradients, axis=1).astype(np.float64)
+    eps = np.finfo(dtype).eps
+    for k, row in enumerate(rows.astype(np.float64)):
+        expected, slopes, sizes = _kl_closed_forms(*row)
+        # The docstring's bounds: the value within 16 eps (1 + |KL| + sum |t dKL/dt|), each
+        # derivative within 16 eps (1 + |dKL/dt| + sum over s of |s d2KL/ds dt|).
+        size = 1 + abs(expected) + sum(abs(t * s) for t, s in zip(row, slopes, strict=True))
+        assert abs(values[k] - expected) <= 16 * eps * size, (row, values[k], expected)
+        for i in range(4):
+            bound = 16 * eps * (1 + abs(slopes[i]) + sizes[i])
+            assert abs(gradients[k, i] - slopes[i]) <= bound, (row, i, gradients[k, i], slopes[i])
+        if row[0] == row[2] and row[1] == row[3]:
+            assert values[k] == 0.0 and np.all(gradients[k] == 0.0), row
+
+
+EQUAL_A = (1e-3, 0.3, 1.0, 2.5, 30.0, 1e3, 1e5)
+EQUAL_B = (1e5, 7.0, 1.0, 0.01, 30.0, 1.5, 1e-3)
+
+
+def _kl_of_pairs(p, q):
+    """``KL(p || q)`` of one-dimensional SquashedBetas, ``p = (a, b)`` arrays ``[N]``."""
+    dist = SquashedBeta(p[0][:, None], p[1][:, None], -1.0, 1.0)
+    return dist.kl_divergence(SquashedBeta(q[0][:, None], q[1][:, None], -1.0, 1.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kl_of_equal_parameters_is_exactly_zero_with_zero_gradient(dtype):
+    with _x64(dtype):
+        p = (jnp.asarray(EQUAL_A, dtype), jnp.asarray(EQUAL_B, dtype))
+        total = jax.value_and_grad(lambda p, q: jnp.sum(_kl_of_pairs(p, q)), (0, 1))
+        value, gradients = jax.jit(total)(p, p)
+        eager = _kl_of_pairs(p, p)
+    assert float(value) == 0.0
+    np.testing.assert_array_equal(eager, 0.0)
+    for g in jax.tree.leaves(gradients):
+        np.testing.assert_array_equal(g, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_kl_hessian_at_equal_parameters_is_the_fisher_information(dtype):
+    # The custom derivative is differentiable again: TRPO's Fisher-vector products.
+    with _x64(dtype):
+        p = (jnp.asarray(EQUAL_A, dtype), jnp.asarray(EQUAL_B, dtype))
+        hessian = jax.jit(jax.hessian(lambda p, q: jnp.sum(_kl_of_pairs(p, q))))(p, p)
+    with mpmath.workdps(DIGITS):
+        for k, (a, b) in enumerate(zip(p[0].tolist(), p[1].tolist(), strict=True)):
+            tri = [_polygammas(a)[2], _polygammas(b)[2], _polygammas(a, b)[2]]
+            fisher = [[tri[0] - tri[2], -tri[2]], [-tri[2], tri[1] - tri[2]]]
+            for i, j in itertools.product(range(2), repeat=2):
+                got = float(np.asarray(hessian[i][j])[k, k])
+                np.testing.assert_allclose(got, float(fisher[i][j]), rtol=64 * np.finfo(dtype).eps)
+
+
 # ---------------------------------------------------------------------------------
 # Invalid parameters, shapes, the constructor, the bijector, errors.
 
@@ -976,6 +1104,63 @@ def test_sample_shapes_and_one_key_per_batch_element(batch_shape):
     np.testing.assert_array_equal(z[..., 1:, :], dist[..., 1:].sample_pre_image(seed=keys[..., 1:]))
     with pytest.raises(ValueError, match="one key per batch element"):
         dist.sample_pre_image(seed=jax.random.split(key, 7))
+
+
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(jnp.bfloat16, id="bfloat16"), slow(jnp.float16, id="float16")]
+)
+def test_half_precision_parameters_compute_in_float32_bit_for_bit(dtype):
+    params = (3.0 * jax.random.normal(jax.random.key(0), (4, 6))).astype(dtype)
+
+    def everything(params):
+        dist = squashed_beta(params, -2.0, 3.0)
+        z = dist.sample_pre_image(seed=jax.random.key(1))
+        return {
+            "concentration1": dist.concentration1,
+            "pre_image": z,
+            "log_prob_from_pre_image": dist.log_prob_from_pre_image(z),
+            "entropy": dist.entropy(),
+            "mean": dist.mean(),
+        }
+
+    expected, got = everything(params.astype(jnp.float32)), everything(params)
+    for name, value in got.items():
+        assert value.dtype == jnp.float32, name
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
+    logit = LogitBeta(params[:, :3], params[:, 3:] + 3.0)
+    assert logit.concentration1.dtype == logit.entropy().dtype == jnp.float32
+
+
+def test_float64_bounds_keep_float64_precision_with_float32_parameters():
+    # A box of width 1e-9 next to 1: rounded to float32, its bounds would be one point and
+    # the log-density +inf. The result dtype of float32 parameters and float64 bound arrays
+    # is float64, and the Beta computes in it, as BoundedTanh does.
+    with jax.enable_x64(True):
+        low, high = np.array([1.0, -1.0]), np.array([1.0 + 1e-9, 3.0])
+        params = jnp.array([[0.3, -0.5, 1.2, 0.1], [-2.0, 0.4, 0.0, 3.0]], jnp.float32)
+        dist = squashed_beta(params, low, high)
+        z = jnp.array([[0.7, -1.5], [3.0, 0.2]])
+        log_prob, entropy = dist.log_prob_from_pre_image(z), dist.entropy()
+        a, b = np.asarray(dist.concentration1), np.asarray(dist.concentration0)
+        # Python numbers are weakly typed: the float32 parameters' dtype, the width taken
+        # in the numbers' own float64.
+        weak = squashed_beta(params[:, :2], 1.0, 1.0 + 1e-9)
+        weak_log_prob = weak.log_prob_from_pre_image(z[:, :1].astype(jnp.float32))
+    assert a.dtype == log_prob.dtype == entropy.dtype == np.float64
+    raw = np.asarray(params, np.float64)
+    np.testing.assert_allclose(a, 1.0 + np.logaddexp(0.0, raw[:, :2]), rtol=2e-7)
+    width = high - low
+    u = special.expit(np.asarray(z))
+    expected = np.sum(stats.beta.logpdf(u, a, b) - np.log(width), axis=-1)
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-12)
+    np.testing.assert_allclose(
+        entropy, np.sum(stats.beta.entropy(a, b) + np.log(width), axis=-1), rtol=1e-12
+    )
+    assert weak_log_prob.dtype == jnp.float32
+    a, b = (np.asarray(v, np.float64)[:, 0] for v in (weak.concentration1, weak.concentration0))
+    u = special.expit(np.asarray(z[:, 0].astype(jnp.float32), np.float64))
+    expected = stats.beta.logpdf(u, a, b) - np.log(width[0])
+    np.testing.assert_allclose(weak_log_prob, expected, rtol=1e-6)
 
 
 def test_squashed_beta_is_min_concentration_plus_softplus():

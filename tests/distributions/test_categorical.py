@@ -2,6 +2,8 @@
 usual fills: masked logits of NaN, +-inf and 1e30, rows with one allowed action or none,
 and allowed logits far apart."""
 
+import warnings
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -287,5 +289,94 @@ def test_bad_inputs_are_refused_by_name():
         samplers.MaskedCategorical(jnp.zeros(3), jnp.ones(2, bool))
     with pytest.raises(ValueError, match="action axis"):
         samplers.MaskedCategorical(jnp.float32(0.0))
-    with pytest.raises(TypeError, match="logits"):
-        samplers.MaskedCategorical(jnp.arange(3))
+    with pytest.raises(
+        TypeError,
+        match=r"logits must be numbers, got booleans of shape \(3,\): booleans are a mask of "
+        r"allowed actions; pass them as mask= with float logits",
+    ):
+        samplers.MaskedCategorical(jnp.array([True, False, True]))
+    with pytest.raises(
+        TypeError, match="logits must be an array of numbers, got 'abc' of type str"
+    ):
+        samplers.MaskedCategorical("abc")
+
+
+INTEGER_LOGITS = np.array([[0, 3, 7, 1], [5, 5, 0, 2], [100, 0, 1, 9]])
+ACTIONS = np.array([2, 0, 1])
+
+
+@pytest.mark.parametrize(
+    "dtype, x64, expected",
+    [
+        pytest.param(np.int32, False, jnp.float32, id="int32"),
+        slow(np.int8, False, jnp.float32, id="int8"),
+        slow(np.int16, True, jnp.float32, id="int16-x64"),
+        slow(np.int64, True, jnp.float64, id="int64-x64"),
+    ],
+)
+def test_integer_logits_are_taken_as_distrax_categorical_takes_them(dtype, x64, expected):
+    with jax.enable_x64(x64):
+        logits, actions = jnp.asarray(INTEGER_LOGITS.astype(dtype)), jnp.asarray(ACTIONS)
+        ours = samplers.MaskedCategorical(logits)
+        got = {"log_prob": ours.log_prob(actions), "probs": ours.probs, "entropy": ours.entropy()}
+        with warnings.catch_warnings():
+            # distrax's own normalisation of integers warns (jnp.max's -inf start cast to an
+            # integer); ours converts them first.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            theirs = distrax.Categorical(logits)
+            want = {"log_prob": theirs.log_prob(actions), "probs": theirs.probs}
+            want["entropy"] = theirs.entropy()
+    rtol = 1e-6 if expected == jnp.float32 else 1e-14
+    assert ours.logits.dtype == theirs.logits.dtype == expected
+    for name, value in got.items():
+        assert value.dtype == want[name].dtype == expected, name
+        np.testing.assert_allclose(value, want[name], rtol=rtol, atol=1e-30, err_msg=name)
+    _assert_integer_softmax(got["log_prob"], expected)
+
+
+def test_unsigned_integer_logits_are_right_where_distrax_categorical_is_not():
+    logits = jnp.asarray(INTEGER_LOGITS.astype(np.uint8))
+    ours = samplers.MaskedCategorical(logits)
+    assert ours.logits.dtype == jnp.float32
+    _assert_integer_softmax(ours.log_prob(jnp.asarray(ACTIONS)), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # distrax's normalised logits of uint8 logits are all -inf, and so is every score.
+        assert np.all(np.isneginf(distrax.Categorical(logits).log_prob(jnp.asarray(ACTIONS))))
+
+
+def _assert_integer_softmax(log_prob, dtype):
+    """``log_prob`` against the float64 log-softmax of :data:`INTEGER_LOGITS` at ``ACTIONS``,
+    to a few roundings of the largest logit (100) in ``dtype``."""
+    log_probs = INTEGER_LOGITS - special.logsumexp(INTEGER_LOGITS, axis=-1, keepdims=True)
+    atol = 4 * np.finfo(dtype).eps * 100
+    np.testing.assert_allclose(log_prob, log_probs[np.arange(3), ACTIONS], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(jnp.bfloat16, id="bfloat16"), slow(jnp.float16, id="float16")]
+)
+def test_half_precision_logits_compute_in_float32_bit_for_bit(dtype):
+    logits = jnp.asarray(np.where(np.isfinite(LOGITS) & (np.abs(LOGITS) < 1e4), LOGITS, 0.0))
+    logits = logits.astype(dtype)
+    mask = jnp.asarray(MASK)
+    other = samplers.MaskedCategorical(jnp.zeros(LOGITS.shape))
+
+    def everything(logits):
+        dist = samplers.MaskedCategorical(logits, mask)
+        return {
+            "logits": dist.logits,
+            "probs": dist.probs,
+            "log_prob": dist.log_prob(jnp.arange(8) % 4),
+            "entropy": dist.entropy(),
+            "cdf": dist.cdf(jnp.full(8, 1)),
+            "kl": dist.kl_divergence(other),
+            "sample": dist.sample(seed=jax.random.key(0)),
+            "mode": dist.mode(),
+        }
+
+    expected, got = everything(logits.astype(jnp.float32)), everything(logits)
+    for name, value in got.items():
+        floating = jnp.issubdtype(expected[name].dtype, jnp.floating)
+        assert value.dtype == (jnp.float32 if floating else expected[name].dtype), name
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)

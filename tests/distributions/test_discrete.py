@@ -684,6 +684,47 @@ def test_multi_binary_refuses_bad_inputs_by_name():
         samplers.MultiBinary(jnp.zeros(3), jnp.ones((3, 2), jnp.int32))
 
 
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(jnp.bfloat16, id="bfloat16"), slow(jnp.float16, id="float16")]
+)
+def test_half_precision_logits_compute_in_float32_bit_for_bit(dtype):
+    # Finite logits that the half dtypes hold exactly, with the masks of the oracle tests.
+    md_logits = jnp.asarray(np.clip(np.nan_to_num(LOGITS), -100, 100)).astype(dtype)
+    mb_logits = jnp.asarray(np.clip(np.nan_to_num(BITS), -100, 100)).astype(dtype)
+    md_mask, mb_mask = jnp.asarray(MASK), jnp.asarray(BIT_MASK)
+
+    def everything(md_logits, mb_logits):
+        outputs = {}
+        for name, dist, other in (
+            (
+                "md",
+                samplers.MultiDiscrete(md_logits, NVEC, md_mask),
+                samplers.MultiDiscrete(jnp.zeros(md_logits.shape), NVEC),
+            ),
+            (
+                "mb",
+                samplers.MultiBinary(mb_logits, mb_mask),
+                samplers.MultiBinary(jnp.zeros(mb_logits.shape)),
+            ),
+        ):
+            sample = dist.sample(seed=jax.random.key(0))
+            outputs |= {
+                f"{name}/sample": sample,
+                f"{name}/log_prob": dist.log_prob(sample),
+                f"{name}/entropy": dist.entropy(),
+                f"{name}/mode": dist.mode(),
+                f"{name}/kl": dist.kl_divergence(other),
+            }
+        return outputs
+
+    expected = everything(md_logits.astype(jnp.float32), mb_logits.astype(jnp.float32))
+    got = everything(md_logits, mb_logits)
+    for name, value in got.items():
+        floating = jnp.issubdtype(expected[name].dtype, jnp.floating)
+        assert value.dtype == (jnp.float32 if floating else expected[name].dtype), name
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
+
+
 def test_multi_binary_kl_gradient_is_finite_at_log_odds_of_plus_or_minus_inf():
     # A certain bit of p, given as +-inf log-odds rather than by the mask: KL(p || q) is
     # -log q(value), whose gradient with respect to p's infinite log-odds is 0.

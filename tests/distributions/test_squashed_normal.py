@@ -341,6 +341,47 @@ def test_integer_parameters_are_refused():
 
 
 @pytest.mark.parametrize(
+    "call, name, received",
+    [
+        (lambda: samplers.normal_tanh("0.1 0.2"), "mean_and_std", "'0.1 0.2' of type str"),
+        (
+            lambda: samplers.squashed_normal(b"\x00", samplers.Tanh()),
+            "mean_and_std",
+            r"b'\\x00' of type bytes",
+        ),
+        (
+            lambda: samplers.squashed_normal(np.array(["1", "2"]), samplers.Tanh()),
+            "mean_and_std",
+            r"array\(\['1', '2'\], dtype='<U1'\) of type ndarray",
+        ),
+        (
+            lambda: samplers.squashed_normal_from_std("0", jnp.ones(2)),
+            "mean",
+            "'0' of type str",
+        ),
+        (
+            lambda: samplers.squashed_normal_from_std(jnp.zeros(2), ["1", 1.0]),
+            "std",
+            r"\['1', 1.0\] of type list",
+        ),
+        (
+            lambda: samplers.squashed_normal_from_log_std(jnp.zeros(2), "log_std"),
+            "log_std",
+            "'log_std' of type str",
+        ),
+    ],
+    ids=["normal_tanh", "bytes", "str-array", "from_std-mean", "from_std-std", "from_log_std"],
+)
+def test_text_parameters_are_refused_at_call_time_naming_the_argument(call, name, received):
+    message = (
+        rf"^{name} must be an array of numbers, got {received}; pass a floating array, e\.g\. "
+        r"jnp\.asarray\(\.\.\., jnp\.float32\)\.$"
+    )
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
     "kwargs, error, message",
     [
         ({"min_std": -0.1}, ValueError, r"min_std must be >= 0.0, got -0.1"),

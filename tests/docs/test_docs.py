@@ -29,3 +29,25 @@ def test_the_api_reference_documents_every_public_name():
     text = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
     documented = set(re.findall(r"^\.\. auto(?:class|function):: samplers\.(\w+)$", text, re.M))
     assert documented == set(samplers.__all__)
+
+
+def test_the_index_tree_names_every_module_of_the_two_layers_and_no_other():
+    text = (DOCS / "index.md").read_text()
+    tree = next(b for b in re.findall(r"```text\n(.*?)```", text, re.S) if "  heads/" in b)
+    listed, folder = set(), None
+    for line in tree.splitlines():
+        if m := re.match(r"^  (\w+)/", line):
+            folder = m[1]
+        elif m := re.match(r"^    (\w+\.py)\s", line):
+            listed.add(f"{folder}/{m[1]}")
+    package = DOCS.parent / "samplers"
+    modules = {
+        f"{layer}/{p.name}"
+        for layer in ("distributions", "heads")
+        for p in (package / layer).glob("*.py")
+        if not p.name.startswith("_")
+    }
+    assert listed == modules, (
+        f"docs/index.md's module tree lacks {sorted(modules - listed)} and names "
+        f"{sorted(listed - modules)}, which do not exist; update the tree."
+    )

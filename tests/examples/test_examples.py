@@ -1,8 +1,9 @@
-"""The examples: their command lines, the parts they share, the SAC losses, and whole runs.
+"""The examples: their command lines, the PPO trainer and the parts they share, the SAC
+losses, and whole runs.
 
-A whole run compiles a training step and an evaluation (about ten seconds or more
-even for a few hundred steps), so the runs are integration tests in the slow tier;
-the default tier checks the parts.
+The examples are not the library: all of these tests are in the slow tier
+(``python -m pytest tests/examples -m slow``). A whole run compiles a training step
+and an evaluation, about ten seconds or more even for a few hundred steps.
 """
 
 import dataclasses
@@ -26,6 +27,8 @@ from flax import nnx
 
 import samplers
 from samplers.examples import _common, _ppo, cartpole, hybrid, pendulum, pendulum_sac, tictactoe
+
+pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -52,7 +55,6 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     assert expected <= modules
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "module", ["pendulum", "pendulum_sac", "cartpole", "linen_actor", "tictactoe", "hybrid"]
 )
@@ -227,7 +229,6 @@ def test_each_ppo_example_refuses_a_config_before_it_trains(example, overrides, 
         example.train(config, progress=False)
 
 
-@pytest.mark.slow
 def test_tanh_mlp_starts_orthogonal_with_zero_biases_and_its_outputs_within_the_bound():
     net = _ppo.tanh_mlp(8, 8, hidden=8, last_scale=0.01, rngs=nnx.Rngs(0))
     layers = (net.layers[0], net.layers[2], net.layers[4])
@@ -319,7 +320,6 @@ def test_update_epochs_steps_on_every_row_once_a_pass_and_logs_the_last_pass():
     assert float(model.w[...]) == pytest.approx(-0.5 * 3 * 4 * float(x.mean()), rel=1e-5)
 
 
-@pytest.mark.slow
 def test_ppo_optimizer_clips_the_gradient_and_its_rate_falls_to_zero_over_the_run():
     config = types.SimpleNamespace(learning_rate=1.0, max_grad_norm=5e-5, epochs=1, minibatches=2)
     model = _TwoScalars()
@@ -339,6 +339,126 @@ def test_ppo_optimizer_clips_the_gradient_and_its_rate_falls_to_zero_over_the_ru
     # run is 2 updates. Unclipped, g / (|g| + 1e-5) would be 30 / 30.00001 ~ 1.
     unit = np.array([0.75, 0.8])
     np.testing.assert_allclose(params, -np.outer([1.0, 1.5, 1.5], unit), rtol=1e-4)
+
+
+def _gae_by_sums(reward, value, next_value, done, terminated, gamma, gae_lambda):
+    """Each advantage as ``sum_k (gamma lambda)^k delta_{t+k}`` up to its episode's end, float64."""
+    delta = reward + gamma * (1.0 - terminated) * next_value - value
+    steps, envs = reward.shape
+    advantage = np.zeros((steps, envs))
+    for n in range(envs):
+        for t in range(steps):
+            for k in range(steps - t):
+                advantage[t, n] += (gamma * gae_lambda) ** k * delta[t + k, n]
+                if done[t + k, n]:
+                    break
+    return advantage
+
+
+def test_gae_sums_the_discounted_errors_to_the_episodes_end_and_bootstraps_at_a_time_limit():
+    rng = np.random.default_rng(0)
+    reward, value, next_value = rng.normal(size=(3, 7, 3)).astype(np.float32)
+    done, terminated = np.zeros((2, 7, 3), bool)
+    # Environment 0 never ends; 1 terminates at step 2 and is cut by a time limit at 5;
+    # 2 terminates at the last step.
+    done[[2, 5], 1] = terminated[2, 1] = True
+    done[6, 2] = terminated[6, 2] = True
+    gae = jax.jit(_ppo.gae, static_argnums=(5, 6))
+    got = gae(reward, value, next_value, done, terminated, 0.9, 0.8)
+
+    r, v, nv = (np.float64(x) for x in (reward, value, next_value))
+    want = _gae_by_sums(r, v, nv, done, np.float64(terminated), 0.9, 0.8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # The last step of an episode is its own error: bootstrapped at the time limit,
+    # not at the termination.
+    assert want[5, 1] == r[5, 1] + 0.9 * nv[5, 1] - v[5, 1]
+    assert want[2, 1] == r[2, 1] - v[2, 1]
+
+
+def test_actor_critic_feeds_both_networks_the_preprocessed_observation_and_the_head_the_mask():
+    head = samplers.CategoricalSampler(nnx.Rngs(0), 0.0, num_actions=3)
+    model = _ppo.ActorCritic(2, head, hidden=8, rngs=nnx.Rngs(1), preprocess=lambda x: 3.0 * x)
+    obs = jax.random.normal(jax.random.key(2), (6, 2))
+    np.testing.assert_array_equal(model.value(obs), model.critic(3.0 * obs)[:, 0])
+
+    logits = np.float64(model.actor(3.0 * obs))
+    greedy = logits.argmax(axis=-1)
+    assert np.array_equal(model.policy(obs, deterministic=True).output["action"], greedy)
+    # Forbid each state's most probable action: the head acts among the other two.
+    mask = np.arange(3) != greedy[:, None]
+    out = model.policy(obs, mask=jnp.asarray(mask))
+    action = np.asarray(out.output["action"])
+    assert mask[np.arange(6), action].all()
+    allowed = np.where(mask, logits, -np.inf)
+    log_softmax = allowed - np.log(np.exp(allowed).sum(axis=-1, keepdims=True))
+    replay = model.policy(obs, out.rollout_extras, mask=jnp.asarray(mask))
+    np.testing.assert_allclose(
+        replay.output["log_likelihood"], log_softmax[np.arange(6), action], rtol=1e-5
+    )
+
+
+def test_gymnax_env_applies_the_action_map_and_ends_at_the_time_limit_without_terminating():
+    env = _ppo.gymnax_env("Pendulum-v1", lambda action: 2.0 * action)
+    gym, params = gymnax.make("Pendulum-v1")
+    _, state = env.reset(jax.random.key(0))
+    state = state.replace(time=params.max_steps_in_episode - 1)
+    step = jax.jit(env.step)(jax.random.key(1), state, jnp.array([0.25]))
+    obs, _, reward, _, _, info = gym.step(jax.random.key(1), state, jnp.array([0.5]), params)
+    assert bool(step.done) and not bool(step.terminated)
+    assert float(step.reward) == pytest.approx(float(reward), rel=1e-6)
+    # The value bootstraps from where the episode stopped, not from the next one's start.
+    np.testing.assert_allclose(step.final_obs, info["final_observation"], rtol=1e-6)
+    np.testing.assert_allclose(step.obs, obs, rtol=1e-6)
+    assert not np.allclose(step.obs, step.final_obs)
+
+
+def _clock(length: int) -> _ppo.Env:
+    """Episodes of ``length`` steps that earn 1 each; the observation is the time, and
+    the mask allows only action 0 (the step counts the forbidden action 1)."""
+
+    def reset(key):
+        return jnp.zeros(1), jnp.int32(0)
+
+    def step(key, time, action):
+        time = time + 1
+        done = time == length
+        after = jnp.where(done, 0, time)
+        obs, final_obs = (jnp.full(1, t, jnp.float32) for t in (after, time))
+        counts = {"ends": done, "forbidden": action == 1}
+        return _ppo.Step(after, obs, jnp.float32(1.0), done, done, final_obs, counts)
+
+    return _ppo.Env(reset, step, mask=lambda time: jnp.array([True, False]))
+
+
+def test_train_counts_episodes_returns_and_metrics_and_replays_under_the_stored_mask():
+    config = _ppo.Config(total_steps=24, num_envs=2, rollout_length=4, epochs=2, hidden=8)
+
+    def make_model(sampling_rngs, rngs):
+        head = samplers.CategoricalSampler(sampling_rngs, 0.01, num_actions=2)
+        return _ppo.ActorCritic(1, head, hidden=config.hidden, rngs=rngs)
+
+    _, log = _ppo.train(
+        config,
+        make_model,
+        _clock(3),
+        column=("time", lambda metrics: f"{metrics['time']:.2f}"),
+        rollout_metrics=lambda model, obs, out: {"time": obs[:, 0]},
+        progress=False,
+    )
+    per_iteration = log["per_iteration"]
+    # 3 iterations of 4 steps: episodes end at steps 3, 6, 9 and 12, in both environments.
+    assert log["iterations"] == 3 and log["iteration_steps"] == [8, 16, 24]
+    assert per_iteration["ends"] == per_iteration["episodes"] == [2.0, 2.0, 4.0]
+    assert per_iteration["return_sum"] == [6.0, 6.0, 12.0]
+    assert log["curve_steps"] == [8, 16, 24] and log["curve_returns"] == [3.0, 3.0, 3.0]
+    # The observed times are 0 1 2 0 | 1 2 0 1 | 2 0 1 2.
+    assert per_iteration["time"] == [0.75, 1.0, 1.25]
+    assert per_iteration["forbidden"] == [0.0, 0.0, 0.0]
+    # The one allowed action has probability 1 under any weights, so the ratio is 1
+    # exactly in every update; a loss that dropped the stored mask would score it
+    # about 1/2 and clip it.
+    assert per_iteration["clip_fraction"] == per_iteration["approx_kl"] == [0.0, 0.0, 0.0]
+    assert log["replay_ratio_error"] == log["minibatch_ratio_error"] == 0.0
 
 
 class _ConstantPolicy(nnx.Module):
@@ -376,7 +496,6 @@ def test_evaluate_plays_f_of_the_mean_and_leaves_the_module_training():
     assert policy.head.deterministic is False
 
 
-@pytest.mark.slow
 def test_action_distributions_are_the_same_torques_whichever_factor_scales_them():
     def network(obs):
         return jnp.stack([obs[1] + 0.5, obs[0]])
@@ -532,26 +651,34 @@ def test_pendulum_sac_critic_loss_is_the_soft_bellman_error_cut_only_at_terminal
     assert not jnp.allclose(loss, no_bootstrap, rtol=1e-3)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bijector", pendulum.BIJECTORS)
-def test_pendulum_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path, bijector):
-    argv = [*_argv(TINY), "--bijector", bijector, "--out", str(tmp_path), "--no-progress"]
-    summary = pendulum.main(argv)
+@pytest.mark.parametrize(
+    ("flags", "replay_error"),
+    [
+        *((["--bijector", bijector], 0.0) for bijector in pendulum.BIJECTORS),
+        (["--head", "beta"], 1e-6),
+    ],
+    ids=[*pendulum.BIJECTORS, "beta"],
+)
+def test_pendulum_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path, flags, replay_error):
+    summary = pendulum.main([*_argv(TINY), *flags, "--out", str(tmp_path), "--no-progress"])
 
     figure = tmp_path / "pendulum.png"
     assert figure.read_bytes()[:8] == PNG
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1024
     assert summary["iterations"] == 4
     # Before the first update of each iteration the weights are the rollout's, so
-    # replaying the stored pre-images must reproduce the stored log-likelihoods.
-    assert summary["replay_ratio_error"] < 1e-5
+    # replaying the stored pre-images must reproduce the stored log-likelihoods, in
+    # the rollout's shapes exactly for the squashed Normals; the Beta's log-density,
+    # compiled into another program than the rollout's, may round apart (4.8e-7 over
+    # the default run's 122 iterations).
+    assert summary["replay_ratio_error"] <= replay_error
+    assert summary["minibatch_ratio_error"] < 1e-5
     # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
     for name in ("deterministic_return", "random_return"):
         assert -3300 < summary[name] <= 0, name
     assert summary["final_sigma"] > 0 and summary["steps_per_second"] > 0
 
 
-@pytest.mark.slow
 def test_pendulum_sac_runs_writes_its_figure_and_learns_the_temperature(tmp_path):
     summary = pendulum_sac.main([*_argv(SAC_TINY), "--out", str(tmp_path), "--no-progress"])
 
@@ -602,7 +729,6 @@ def _tictactoe_outcomes_of_random_play() -> dict[str, float]:
     return {"win": (win + loss) / 2, "draw": draw, "loss": (loss + win) / 2}
 
 
-@pytest.mark.slow
 def test_tictactoe_random_play_against_the_opponent_matches_the_exact_outcomes():
     exact = _tictactoe_outcomes_of_random_play()
     # The known figures of random play: the first mover wins 58.5%, draws 12.7%.
@@ -623,7 +749,6 @@ def test_tictactoe_random_play_against_the_opponent_matches_the_exact_outcomes()
     assert np.mean(total == -1.0) == pytest.approx(exact["loss"], abs=0.015)
 
 
-@pytest.mark.slow
 def test_tictactoe_opponent_draws_uniformly_among_the_legal_cells_only():
     keys = jax.random.split(jax.random.key(0), 30_000)
     legal = jax.random.bernoulli(jax.random.key(1), 0.4, (30_000, 9))
@@ -637,7 +762,6 @@ def test_tictactoe_opponent_draws_uniformly_among_the_legal_cells_only():
     np.testing.assert_allclose(frequency[[0, 4, 8]], 1 / 3, atol=0.015)
 
 
-@pytest.mark.slow
 def test_tictactoe_an_occupied_cell_ends_the_game_as_a_loss():
     # Games where the opponent moved first: one mark on the board, the agent to move.
     games = jax.jit(jax.vmap(tictactoe.new_game))(jax.random.split(jax.random.key(0), 64))
@@ -659,6 +783,31 @@ def test_tictactoe_an_occupied_cell_ends_the_game_as_a_loss():
     np.testing.assert_array_equal((~after.legal_action_mask[going]).sum(axis=1), 2)
 
 
+def test_tictactoe_env_step_counts_an_illegal_move_and_starts_a_new_game_after_an_end():
+    games = jax.jit(jax.vmap(tictactoe.new_game))(jax.random.split(jax.random.key(0), 64))
+    opened = np.asarray(~games.legal_action_mask).sum(axis=1)
+    taken = jnp.argmax(~games.legal_action_mask, axis=1)  # the opponent's cell, or 0
+    keys = jax.random.split(jax.random.key(1), 64)
+    step = jax.jit(jax.vmap(tictactoe.env_step))(keys, games, taken)
+    lost = opened == 1
+    np.testing.assert_array_equal(step.counts["illegal_moves"], lost)
+    np.testing.assert_array_equal(step.done, lost)
+    np.testing.assert_array_equal(step.terminated, lost)
+    np.testing.assert_array_equal(step.reward, np.where(lost, -1.0, 0.0))
+    # The final observation is the board the move led to: in a lost game the
+    # opponent's opening alone (the occupied cell was not taken again); in the
+    # others, where the agent moved first, its mark and the opponent's reply.
+    final = np.asarray(step.final_obs).reshape(64, 9, 2).sum(axis=(1, 2))
+    np.testing.assert_array_equal(final, np.where(lost, 1, 2))
+    # Every game goes on, the agent to move: a lost one was replaced by a new game,
+    # whose observation the step returns.
+    assert not bool(step.state.terminated.any())
+    assert bool(jnp.all(step.state.current_player == tictactoe.AGENT))
+    np.testing.assert_array_equal(step.obs, tictactoe.observe(step.state))
+    marks = np.asarray(step.obs).reshape(64, 9, 2).sum(axis=(1, 2))
+    assert set(marks[lost]) == {0, 1} and set(marks[~lost]) == {2}
+
+
 def test_tictactoe_refuses_compare_without_the_mask():
     config, args = tictactoe.parse_args(["--no-mask"])
     assert not config.mask and not args.compare
@@ -668,7 +817,6 @@ def test_tictactoe_refuses_compare_without_the_mask():
         tictactoe.parse_args(["--compare", "--no-mask"])
 
 
-@pytest.mark.slow
 def test_tictactoe_runs_with_and_without_the_mask_and_the_masked_agent_plays_only_legal_moves(
     tmp_path,
 ):
@@ -690,8 +838,12 @@ def test_tictactoe_runs_with_and_without_the_mask_and_the_masked_agent_plays_onl
     # A near-uniform policy without the mask does: 4 iterations of 256 moves.
     assert unmasked["illegal_moves"] > 0 and unmasked["sampled"]["illegal_loss"] > 0
     # The head's masked_probability: positive with a mask (cells are taken), 0 without.
-    assert all(0 < p < 1 for p in summary["masked_probability"])
-    assert unmasked["masked_probability"] == [0.0] * 4
+    assert all(0 < p < 1 for p in summary["per_iteration"]["masked_probability"])
+    assert unmasked["per_iteration"]["masked_probability"] == [0.0] * 4
+    # The fraction of each iteration's 256 moves that were illegal adds up to the count.
+    fractions = unmasked["illegal_fraction"]
+    assert sum(fractions) * 256 == pytest.approx(unmasked["illegal_moves"], abs=1e-9)
+    assert summary["illegal_fraction"] == [0.0] * 4
     for run in (summary, unmasked):
         for kind in ("greedy", "sampled", "random"):
             games = run[kind]
@@ -699,7 +851,6 @@ def test_tictactoe_runs_with_and_without_the_mask_and_the_masked_agent_plays_onl
             assert games["win"] + games["draw"] + games["loss"] == pytest.approx(1.0)
 
 
-@pytest.mark.slow
 def test_cartpole_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
     summary = cartpole.main([*_argv(CARTPOLE_TINY), "--out", str(tmp_path), "--no-progress"])
 
@@ -714,7 +865,8 @@ def test_cartpole_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
     assert summary["iterations"] == 8
     # Before the first update of each iteration the weights are the rollout's, so
     # replaying the stored actions must reproduce the stored log-likelihoods.
-    assert summary["replay_ratio_error"] < 1e-5
+    assert summary["replay_ratio_error"] == 0.0
+    assert summary["minibatch_ratio_error"] < 1e-5
     # An episode earns 1 per step and lasts at most 500 steps; a uniformly random
     # policy drops the pole within a few dozen, and only steps up to the end count.
     for name in ("deterministic_return", "random_return"):
@@ -724,7 +876,6 @@ def test_cartpole_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
     assert all(math.isfinite(value) for value in summary["last_iteration"].values())
 
 
-@pytest.mark.slow
 def test_cartpole_default_config_reaches_the_maximum_return(tmp_path):
     summary = cartpole.main(["--out", str(tmp_path), "--no-progress"])
 
@@ -734,7 +885,8 @@ def test_cartpole_default_config_reaches_the_maximum_return(tmp_path):
     assert summary["deterministic_return"] == 500.0
     assert summary["deterministic_return_std"] == 0.0
     assert summary["steps_to_500"] is not None
-    assert summary["replay_ratio_error"] < 1e-5
+    assert summary["replay_ratio_error"] == 0.0
+    assert summary["minibatch_ratio_error"] < 1e-5
 
 
 def test_reach_moves_by_direction_and_distance_clips_to_the_line_and_ends_after_16_steps():
@@ -760,7 +912,27 @@ def test_reach_moves_by_direction_and_distance_clips_to_the_line_and_ends_after_
     assert int(action["direction"]) == 0 and float(action["distance"][0]) == pytest.approx(0.6)
 
 
-@pytest.mark.slow
+def test_reach_env_step_starts_a_fresh_episode_where_one_ends_and_keeps_its_last_observation():
+    env_step = jax.jit(hybrid.env_step)
+    action = {"direction": jnp.int32(0), "distance": jnp.array([0.4])}
+    key = jax.random.key(1)
+    fresh_obs, fresh = hybrid.reset(key)
+    for elapsed, ends in ((3, False), (15, True)):
+        state = hybrid.Reach(jnp.float32(0.2), jnp.float32(-0.5), jnp.int32(elapsed))
+        step = env_step(key, state, action)
+        # Left by 0.5 * 0.4 from 0.2: at 0.0, the target 0.5 away.
+        last_obs = [0.0, -0.5, -0.5, 1 - (elapsed + 1) / 16]
+        np.testing.assert_allclose(step.final_obs, last_obs, atol=1e-7)
+        assert float(step.reward) == -0.5
+        assert bool(step.done) == bool(step.terminated) == ends
+        if ends:
+            np.testing.assert_array_equal(step.obs, fresh_obs)
+            assert jax.tree.all(jax.tree.map(jnp.array_equal, step.state, fresh))
+        else:
+            np.testing.assert_array_equal(step.obs, step.final_obs)
+            assert int(step.state.time) == elapsed + 1
+
+
 def test_hybrid_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
     summary = hybrid.main([*_argv(HYBRID_TINY), "--out", str(tmp_path), "--no-progress"])
 
@@ -768,14 +940,14 @@ def test_hybrid_runs_writes_its_figure_and_replays_with_ratio_one(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2048
     assert summary["iterations"] == 4
     # The composite head replays the stored dict of parts at unchanged weights.
-    assert summary["replay_ratio_error"] < 1e-5
+    assert summary["replay_ratio_error"] == 0.0
+    assert summary["minibatch_ratio_error"] < 1e-5
     # A reward is minus a distance on [-1, 1]: each of the 16 steps earns [-2, 0].
     for name in ("deterministic_return", "random_return", "straight_return"):
         assert -32 <= summary[name] <= 0, name
     assert summary["straight_return"] > summary["random_return"]
 
 
-@pytest.mark.slow
 def test_hybrid_default_config_learns_to_reach(tmp_path):
     summary = hybrid.main(["--out", str(tmp_path), "--no-progress"])
 
@@ -783,4 +955,5 @@ def test_hybrid_default_config_learns_to_reach(tmp_path):
     # uniform policy and -0.4 for the hand-written one (which knows the dynamics).
     assert summary["deterministic_return"] > -1.0
     assert summary["random_return"] < -9.0
-    assert summary["replay_ratio_error"] < 1e-5
+    assert summary["replay_ratio_error"] == 0.0
+    assert summary["minibatch_ratio_error"] < 1e-5

@@ -20,6 +20,8 @@ import pytest
 import samplers
 from samplers.examples import linen_actor
 
+pytestmark = pytest.mark.slow
+
 GUIDE = pathlib.Path(__file__).parents[2] / "docs" / "guides" / "migrating.md"
 OBS_DIM, A, B = 4, 3, 5
 ALPHA = 0.2
@@ -122,7 +124,6 @@ def test_jitted_actor_loss_and_gradient_are_the_float64_pathwise_ones(where):
         )
 
 
-@pytest.mark.slow
 def test_training_moves_the_median_action_onto_the_critics_best_action():
     summary = linen_actor.main(["--steps", "150", "--seed", "1"])
     assert summary["final_loss"] < summary["initial_loss"]

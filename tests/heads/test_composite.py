@@ -64,12 +64,33 @@ def _parts(rngs, names=("fire", "aim", "buttons"), **options):
     return {name: MAKERS[name](rngs, **options) for name in names}
 
 
-def _stream(seed, *path):
-    """The stream a composite built with ``nnx.Rngs(seed)`` gives the part at ``path``."""
-    key = nnx.Rngs(seed).default()
+def _first_keys(seed):
+    """The sample and entropy keys that the first call of a composite built with
+    ``nnx.Rngs(seed)`` draws."""
+    stream = nnx.Rngs(seed).default
+    return stream(), stream()
+
+
+def _part_key(key, *path):
+    """The key the documented rule gives the part at ``path``: its names folded in."""
     for name in path:
         key = jax.random.fold_in(key, zlib.crc32(name.encode()))
-    return nnx.Rngs(action=key)
+    return key
+
+
+def _alone(part, part_params, mask, keys, *path):
+    """A part's rollout, written from the pure layer: its distribution sampled with the
+    key of its path, replayed by the part alone, and its entropy cost from the entropy
+    key of its path (a one-sample estimate for a squashed part, else exact)."""
+    options = {} if mask is None else {"mask": mask}
+    dist = part.distribution(part_params, **options)
+    data = dist.sample_replay_data(seed=_part_key(keys[0], *path))
+    out = part((), part_params, data, **options)
+    if isinstance(part, SquashedNormalSampler):
+        cost = -WEIGHT * dist.entropy_estimate(seed=_part_key(keys[1], *path))
+    else:
+        cost = -WEIGHT * dist.entropy()
+    return out, cost
 
 
 def _params(width, seed=0, batch=(B,)):
@@ -104,6 +125,13 @@ def _call(head, state, params, extras=None, mask=None, deterministic=None):
 _eager = _call.__wrapped__
 
 
+def _close(a, b):
+    """The two pytrees have the same structure and leaves within an ulp or so."""
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
 def _equal(a, b):
     """The two pytrees have the same structure and bitwise equal leaves."""
     assert jax.tree.structure(a) == jax.tree.structure(b)
@@ -116,23 +144,27 @@ def _equal(a, b):
 @pytest.mark.parametrize("jitted", EAGER_FIRST)
 def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted):
     call = _call if jitted else _eager
-    # The parts are built with another stream, which the composite replaces.
+    # The parts are built with another stream, which the composite does not use.
     head = CompositeSampler(_parts(nnx.Rngs(7)), rngs=nnx.Rngs(0))
     assert head.num_params == sum(SIZES.values()) == 11
     params, masks = _params(11), _masks()
     out = call(head, (), params, mask=masks)
     total, regularization = 0.0, 0.0
+    # The oracle runs eagerly: XLA may round a traced program's floats by an ulp.
+    same = _close if jitted else _equal
     for name, part_params in _slices(params, SIZES).items():
-        part = call(MAKERS[name](_stream(0, name)), (), part_params, mask=masks.get(name))
-        _equal(out.output["action"][name], part.output["action"])
-        _equal(out.output["log_likelihoods"][name], part.output["log_likelihood"])
-        _equal(out.rollout_extras[name], part.rollout_extras)
-        _equal(
+        part, cost = _alone(
+            MAKERS[name](nnx.Rngs(7)), part_params, masks.get(name), _first_keys(0), name
+        )
+        same(out.output["action"][name], part.output["action"])
+        same(out.output["log_likelihoods"][name], part.output["log_likelihood"])
+        same(out.rollout_extras[name], part.rollout_extras)
+        same(
             {f"{name}/{k}": v for k, v in part.metrics.items()},
             {k: v for k, v in out.metrics.items() if k.startswith(f"{name}/")},
         )
         total = total + np.asarray(part.output["log_likelihood"])
-        regularization = regularization + np.asarray(part.regularization_loss)
+        regularization = regularization + np.asarray(cost)
     assert sorted(out.metrics) == sorted(
         f"{name}/{metric}"
         for name, metrics in [
@@ -144,7 +176,11 @@ def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted
     )
     # The sum in the parts' order, exactly: float32 additions round alike in numpy and XLA.
     assert total.dtype == np.float32 and np.all(np.isfinite(total))
-    np.testing.assert_array_equal(out.output["log_likelihood"], total)
+    parts = out.output["log_likelihoods"]
+    np.testing.assert_array_equal(
+        out.output["log_likelihood"], (parts["fire"] + parts["aim"]) + parts["buttons"]
+    )
+    same(out.output["log_likelihood"], total)
     if jitted:  # XLA may fuse a part's entropy differently in the two programs: an ulp
         np.testing.assert_allclose(out.regularization_loss, regularization, rtol=1e-6)
     else:
@@ -202,9 +238,8 @@ def test_a_part_s_noise_depends_on_its_name_alone():
     """Adding, removing and reordering parts by name; a nested tuple's names."""
     rngs = nnx.Rngs(0)
     head = CompositeSampler(_parts(nnx.Rngs(1)), rngs=rngs)
-    # The composite drew one key from rngs' default stream, and its parts hold others.
-    assert int(rngs.default.count[...]) == 1
-    assert all(part.rng is not rngs for part in head.parts.values())
+    # The composite draws from rngs' default stream when called, not when built.
+    assert int(rngs.default.count[...]) == 0
     # "aim" removed, a nested tuple added, the order changed: "fire" and "buttons" draw the
     # same, and the nested part draws from the stream of its path "extra/0".
     other = CompositeSampler(
@@ -222,12 +257,19 @@ def test_a_part_s_noise_depends_on_its_name_alone():
     for name in ("fire", "buttons"):
         _equal(a.output["action"][name], b.output["action"][name])
         _equal(a.output["log_likelihoods"][name], b.output["log_likelihoods"][name])
-    alone = _eager(_extra(_stream(0, "extra", "0")), (), extra)
+    assert int(rngs.default.count[...]) == 2  # the first call's sample and entropy keys
+    keys = _first_keys(0)
+    alone, _ = _alone(_extra(nnx.Rngs(5)), extra, None, keys, "extra", "0")
     _equal(b.output["action"]["extra"][0], alone.output["action"])
     assert b.metrics.keys() >= {"extra/0/allowed_actions", "fire/allowed_actions"}
-    # Another name draws other noise: "0" alone at the top, not under "extra".
-    elsewhere = _eager(_extra(_stream(0, "0")), (), extra).output["action"]
-    assert not np.array_equal(elsewhere, alone.output["action"])
+    # Another name draws other noise: "0" alone at the top, not under "extra" (64 uniform
+    # choices, so that equal draws by chance are out of the question).
+    uniform = np.zeros((64, 2), np.float32)
+    draws = [
+        _extra(nnx.Rngs(5)).distribution(uniform).sample(seed=_part_key(keys[0], *path))
+        for path in (("0",), ("extra", "0"))
+    ]
+    assert not np.array_equal(*draws)
     # One nnx.RngStream serves as rngs too: its first key.
     from_stream = CompositeSampler(_parts(nnx.Rngs(1)), rngs=nnx.Rngs(0).default)
     c = _eager(from_stream, (), np.concatenate(list(params.values()), -1))
@@ -269,7 +311,7 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_its_place_in_
     head = CompositeSampler(_parts(nnx.Rngs(0), names, per_env_streams=True), rngs=nnx.Rngs(0))
     assert head.per_env_streams
     state = head.initialize_state(B)
-    assert list(state) == list(names) and all(keys.shape == (B,) for keys in state.values())
+    assert state.shape == (B,)  # one key per environment, as for any head
     params, masks, order = _params(7, 5), _masks(5), np.arange(B)[::-1]
 
     def permuted(tree):
@@ -284,11 +326,10 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_its_place_in_
     assert not np.array_equal(later.output["action"]["fire"], whole.output["action"]["fire"])
     with pytest.raises(TypeError, match="per_env_streams=True the state must be one key"):
         head((), params, mask=masks)
-    # Without per_env_streams the state is the parts' () in their structure.
+    # Without per_env_streams the state is (), as for any head.
     shared = CompositeSampler(_parts(nnx.Rngs(0)), rngs=nnx.Rngs(0))
     assert not shared.per_env_streams
-    assert shared.initialize_state(B) == {"fire": (), "aim": (), "buttons": ()}
-    assert shared.reset_state(()) == {"fire": (), "aim": (), "buttons": ()}
+    assert shared.initialize_state(B) == () and shared.reset_state(()) == ()
 
 
 @SLOW
@@ -299,7 +340,7 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_the_batch_spl
     halves = [
         _call(
             head,
-            jax.tree.map(lambda x, s=s: x[s], state),
+            state[s],
             params[s],
             mask=jax.tree.map(lambda x, s=s: x[s], masks),
         )
@@ -477,10 +518,10 @@ def test_inputs_without_the_parts_structure_are_refused_naming_the_fix():
     head = CompositeSampler(_parts(nnx.Rngs(0)), rngs=nnx.Rngs(0))
     params, masks = _params(11), _masks()
     with pytest.raises(
-        ValueError, match=r"params of shape \[\*batch, 11\] .*\[4, 4, 3\].*\(8, 10\)"
+        ValueError, match=r"inputs of shape \[\*batch, 11\] .*\[4, 4, 3\].*\(8, 10\)"
     ):
         head((), params[:, :10])
-    with pytest.raises(TypeError, match="params must have a floating dtype, got int32"):
+    with pytest.raises(TypeError, match="inputs must have a floating dtype, got int32"):
         head((), params.astype(np.int32))
     with pytest.raises(TypeError, match="got a mask for part 'aim', a SquashedNormalSampler"):
         head((), params, mask={"aim": np.ones((B, 2), bool)})
@@ -488,7 +529,7 @@ def test_inputs_without_the_parts_structure_are_refused_naming_the_fix():
         head((), params, mask={"fir": masks["fire"]})
     with pytest.raises(ValueError, match=r"rollout_extras must be a dict with the keys"):
         head((), params, {"fire": np.zeros(B, np.int32)})
-    with pytest.raises(ValueError, match=r"state must be a dict with the keys"):
+    with pytest.raises(ValueError, match=r"per_env_streams=False, so its state is \(\), got list"):
         head([()], params)
     pair = CompositeSampler((_fire(nnx.Rngs(0)), _buttons(nnx.Rngs(0))), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="mask must be a tuple of 2 entries, one per part"):
@@ -503,11 +544,9 @@ def test_inputs_without_the_parts_structure_are_refused_naming_the_fix():
 class _PerChoice(CategoricalSampler):
     """A head that, wrongly, gives one log-likelihood per choice."""
 
-    def __call__(self, state, logits, rollout_extras=None, *, mask=None, deterministic=None):
-        out = super().__call__(
-            state, logits, rollout_extras, mask=mask, deterministic=deterministic
-        )
-        return out.replace(output={**out.output, "log_likelihood": jax.nn.log_softmax(logits)})
+    def _replay(self, dist, data):
+        output, own = super()._replay(dist, data)
+        return {**output, "log_likelihood": dist.logits}, own
 
 
 def test_a_part_s_log_likelihood_that_is_not_one_value_per_batch_element_is_refused():
@@ -518,7 +557,7 @@ def test_a_part_s_log_likelihood_that_is_not_one_value_per_batch_element_is_refu
     )
     with pytest.raises(
         ValueError,
-        match=r"part 'odd' \(_PerChoice\) returned a log_likelihood of shape \(8, 4\) for params "
+        match=r"part 'odd' \(_PerChoice\) returned a log_likelihood of shape \(8, 4\) for inputs "
         r"of batch shape \(8,\); a head gives one value per batch element",
     ):
         head((), _params(8))
@@ -591,14 +630,15 @@ def test_the_parameterized_log_likelihood_is_the_choice_s_plus_the_chosen_densit
         out.output["log_likelihoods"]["parameters"], chosen, rtol=2e-6, atol=2e-6
     )
     assert [np.shape(a) for a in actions] == [(B, 2), (B, 3), (B,), (B, 2)]
-    # Each head is the head alone with the stream of its path; the log-likelihood is the
-    # choice's plus the chosen head's, exactly.
-    alone = _eager(_fire(_stream(0, "choice")), (), pieces["choice"], mask=mask)
+    # Each head is its distribution sampled with the key of its path; the log-likelihood
+    # is the choice's plus the chosen head's, exactly.
+    keys = _first_keys(0)
+    alone, _ = _alone(_fire(nnx.Rngs(5)), pieces["choice"], mask, keys, "choice")
     _equal(out.output["action"]["choice"], alone.output["action"])
     _equal(out.output["log_likelihoods"]["choice"], alone.output["log_likelihood"])
     chosen_alone = np.zeros(B, np.float32)
     for k, make in enumerate((_aim, _buttons, _fire, _aim)):
-        part = _eager(make(_stream(0, "parameters", str(k))), (), pieces[str(k)])
+        part, _ = _alone(make(nnx.Rngs(5)), pieces[str(k)], None, keys, "parameters", str(k))
         _equal(actions[k], part.output["action"])
         _equal(extras[k], part.rollout_extras)
         chosen_alone[choice == k] = np.asarray(part.output["log_likelihood"])[choice == k]
@@ -777,10 +817,10 @@ def test_the_exact_entropy_of_tanh_parameters_against_quadrature():
 def test_parameterized_per_env_streams_and_eval():
     head = _parameterized(per_env_streams=True)
     state = head.initialize_state(B)
-    assert set(state) == {"choice", "parameters"} and len(state["parameters"]) == 3
+    assert state.shape == (B,)
     params = _params(12, 11)
     whole = _call(head, state, params)
-    half = _call(head, jax.tree.map(lambda x: x[4:], state), params[4:])
+    half = _call(head, state[4:], params[4:])
     _equal(jax.tree.map(lambda x: np.asarray(x)[4:], whole.output["action"]), half.output["action"])
     head.eval()
     modes = _call(head, state, params).output["action"]
@@ -792,7 +832,7 @@ def test_a_parameterized_head_that_cannot_work_is_refused():
     rngs = nnx.Rngs(0)
     with pytest.raises(TypeError, match="choice must be a CategoricalSampler, got MultiBinary"):
         ParameterizedSampler(_buttons(rngs), (_aim(rngs),), rngs=rngs)
-    with pytest.raises(ValueError, match=r"num_actions=4, got 2 parameter heads; build the choice"):
+    with pytest.raises(ValueError, match=r"the choice has 4 actions, got 2; give the choice 2"):
         ParameterizedSampler(_fire(rngs), (_aim(rngs), _aim(rngs)), rngs=rngs)
     with pytest.raises(TypeError, match="parameters must be a tuple of heads"):
         ParameterizedSampler(_fire(rngs), _aim(rngs), rngs=rngs)
@@ -856,5 +896,7 @@ def test_a_composite_runs_through_functional_and_replays_bit_for_bit():
     again, state = apply(state, params, out.rollout_extras)
     _equal(again.output["log_likelihoods"], out.output["log_likelihoods"])
     nnx.update(head, state)
-    # Each part's stream advanced twice a call: a sample key and an entropy key.
-    assert all(int(part.rng.action.count[...]) == 4 for part in head.parts.values())
+    # The composite's stream advanced twice a call, a sample key and an entropy key, as
+    # its "aim" part estimates its entropy from a sample; the parts' own are unused.
+    assert int(head.rng.default.count[...]) == 4
+    assert all(int(part.rng.default.count[...]) == 0 for part in head.parts.values())

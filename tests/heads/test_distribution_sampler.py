@@ -43,16 +43,16 @@ def test_categorical_replays_the_stored_index_under_the_current_logits():
     probabilities = jax.nn.softmax(logits)
     entropy = -jnp.sum(probabilities * jnp.log(probabilities), axis=-1)
     np.testing.assert_allclose(rollout.regularization_loss, -0.1 * entropy, rtol=1e-5)
-    assert _count(head) == 6  # two keys a call, in rollout and replay alike
+    assert _count(head) == 2  # two keys for the sample; the replays need none
 
 
-def test_categorical_eval_acts_with_the_most_likely_index_and_draws_one_key():
+def test_categorical_eval_acts_with_the_most_likely_index_and_draws_no_key():
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _categorical)
     logits = jax.random.normal(jax.random.key(3), (5, 4))
     head.eval()
     out = head((), logits)
     np.testing.assert_array_equal(out.output["action"], jnp.argmax(logits, axis=-1))
-    assert _count(head) == 1
+    assert _count(head) == 0
 
 
 def test_categorical_gradient_reaches_the_logits():

@@ -140,8 +140,8 @@ def test_a_masked_discrete_head_from_a_space_scores_the_float64_masked_softmax()
 @pytest.mark.parametrize(
     "space, message",
     [
-        (gym.Box(_f32(-1.0, 0.0), _f32(1.0, np.inf)), r"dimensions \[1\] are half"),
-        (gym.Box(-np.inf, 1.0, (1,)), r"dimensions \[0\] are half-bounded"),
+        (gym.Box(_f32(-1.0, 0.0), _f32(1.0, np.inf)), r"dimensions \[0\] bounded, \[1\] half"),
+        (gym.Box(-np.inf, 1.0, (1,)), r"dimensions \[0\] half-bounded; tanh cannot map"),
         (gym.Box(-1.0, 1.0, (2, 3)), r"one-dimensional Box, got shape \(2, 3\)"),
         (gym.Box(0, 10, (2,), dtype=np.int64), "floating Box, got dtype int64"),
         (gym.Discrete(4, start=1), r"starting at 0, got start=1"),
@@ -154,6 +154,79 @@ def test_a_masked_discrete_head_from_a_space_scores_the_float64_masked_softmax()
 def test_spaces_the_heads_cannot_serve_as_given_are_refused_with_the_fix(space, message):
     with pytest.raises(ValueError, match=message):
         _head(space)
+
+
+_BoxLike = collections.namedtuple("Box", "low high shape dtype")  # a duck-typed Box
+
+
+@pytest.mark.parametrize(
+    "low, high, message",
+    [
+        (
+            [-1.0, -np.inf],
+            [1.0, np.inf],
+            r"got low=\[-1.0, -inf\], high=\[1.0, inf\]: dimensions \[0\] bounded, \[1\] "
+            r"unbounded; one head squashes every dimension of a Box or none, so split it into a "
+            r"Tuple of a bounded Box \(dimensions \[0\]\) and an unbounded one \(dimensions "
+            r"\[1\]\), which head_for gives a head each\.$",
+        ),
+        (
+            [-np.inf, -1.0, 0.0, -np.inf],
+            [np.inf, 1.0, np.inf, np.inf],
+            r"dimensions \[1\] bounded, \[0, 3\] unbounded, \[2\] half-bounded; tanh cannot "
+            r"map onto a half-line, so give dimensions \[2\] finite bounds on both sides \(or "
+            r"none\), or build a SquashedNormalSampler with a bijector of your own\.$",
+        ),
+        (
+            [np.nan, -1.0],
+            [1.0, 1.0],
+            r"dimensions \[1\] bounded, \[0\] NaN; NaN bounds nothing, so give dimensions "
+            r"\[0\] finite bounds on both sides",
+        ),
+    ],
+    ids=["bounded-and-unbounded", "all-three", "nan"],
+)
+def test_a_box_mixing_kinds_of_dimensions_is_refused_naming_each_and_the_fix(low, high, message):
+    low, high = _f32(*low), _f32(*high)
+    # gymnasium refuses a NaN bound itself; a duck-typed Box (gymnax checks nothing) does not.
+    space = (
+        _BoxLike(low, high, low.shape, np.float32) if np.isnan(low).any() else gym.Box(low, high)
+    )
+    with pytest.raises(
+        ValueError, match=r"^head_for needs each Box dimension bounded on both sides"
+    ):
+        _head(space)
+    with pytest.raises(ValueError, match=message):
+        _head(space)
+
+
+def test_a_narrow_float64_box_scores_its_beta_head_on_its_float64_bounds():
+    # A float32 network output on a float64 box: the Beta head computes in float64, as
+    # the squashed Normal's BoundedTanh does; its bounds rounded to float32 would be one
+    # point, and the log-likelihood +inf.
+    with jax.enable_x64():
+        box = gym.Box(low=np.array([1.0, -1.0]), high=np.array([1.0 + 1e-9, 3.0]), dtype=np.float64)
+        head = samplers.head_for(box, rngs=nnx.Rngs(0), entropy_weight=0.01, head="beta")
+        params = jax.random.normal(jax.random.key(0), (8, 4), jnp.float32)
+        out = head((), params)
+        normal = samplers.head_for(box, rngs=nnx.Rngs(0), entropy_weight=0.01)
+        normal_out = normal((), jax.random.normal(jax.random.key(0), (8, 4), jnp.float32))
+    assert out.output["log_likelihood"].dtype == jnp.float64
+    assert normal_out.output["log_likelihood"].dtype == jnp.float64
+    # The float64 Beta density of the action of the stored pre-image z, written out here:
+    # (a - 1) log u + (b - 1) log(1 - u) - log B(a, b) - log(high - low), u = sigmoid(z).
+    # The concentrations are 1 + softplus(raw) of the float32 output, rounded to float32.
+    z = np.asarray(out.rollout_extras, np.float64)
+    a, b = (np.asarray(out.metrics[name], np.float64) for name in ("alpha", "beta"))
+    raw = np.asarray(params, np.float64)
+    np.testing.assert_allclose(a, 1.0 + np.logaddexp(0.0, raw[:, :2]), rtol=2e-7)
+    np.testing.assert_allclose(b, 1.0 + np.logaddexp(0.0, raw[:, 2:]), rtol=2e-7)
+    log_u, log_v = -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)
+    width = box.high - box.low  # [1.0000000827e-9, 4]: 1 + 1e-9 is rounded in float64
+    log_density = (a - 1) * log_u + (b - 1) * log_v - special.betaln(a, b) - np.log(width)
+    expected = np.sum(log_density, axis=-1)
+    assert np.all(np.isfinite(expected))
+    np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -313,12 +386,14 @@ def test_options_reach_the_parts_that_take_them_and_an_explicit_entropy_is_kept(
     sampled = _head(space, entropy="sample")
     assert sampled.parts["b"].entropy == sampled.parts["c"].entropy == ("sample", 1)
     state = head.initialize_state(4)
-    assert set(state) == {"a", "b", "c"} and all(keys.shape == (4,) for keys in state.values())
-    # rng_collection names the stream of every part and the composite's one key.
+    assert state.shape == (4,)  # one key per environment, as for any head
+    # rng_collection names the stream of every part and of the composite.
     rngs = nnx.Rngs(params=0, policy=1)
     named = samplers.head_for(space, rngs=rngs, entropy_weight=0.1, rng_collection="policy")
-    assert int(rngs.policy.count[...]) == 1 and int(rngs.params.count[...]) == 0
+    assert named.rng_collection == "policy"
     assert all(part.rng_collection == "policy" for part in named.parts.values())
+    named((), jnp.zeros((2, named.num_params)))
+    assert int(rngs.policy.count[...]) == 2 and int(rngs.params.count[...]) == 0
 
 
 def test_gymnax_dict_and_tuple_spaces_get_composites_too():
@@ -355,8 +430,8 @@ def test_gymnax_dict_and_tuple_spaces_get_composites_too():
             DICT,
             {"mni_std": 0.1},
             TypeError,
-            r"part 'aim' of the action space: SquashedNormalSampler\(\) got unexpected keyword "
-            r"arguments \['mni_std'\]",
+            r"part 'aim' of the action space: SquashedNormalSampler.__init__\(\) got an "
+            r"unexpected keyword argument 'mni_std'",
         ),
         (
             gym.Dict({"a": gym.Tuple((gym.Text(4),))}),

@@ -422,7 +422,10 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
     np.testing.assert_array_equal(rollout.rollout_extras, reference_rollout.rollout_extras)
     replay = head((), mean_and_std, rollout.rollout_extras)
     default((), mean_and_std, rollout.rollout_extras)
-    assert _count(head.rng) == _count(default.rng) == 4
+    # The rollouts draw alike; a replay draws keys only for an entropy estimated from
+    # a sample, and then as the specified sampler does (the unused sample key too).
+    assert _count(default.rng) == 4
+    assert _count(head.rng) == (4 if entropy == "sample" else 2)
     np.testing.assert_allclose(
         replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
     )
@@ -448,7 +451,7 @@ def test_deterministic_estimators_do_not_depend_on_the_key():
         ({"entropy": ("sample", 0)}, ValueError, r"entropy=\('sample', 0\) must be a positive int"),
         ({"entropy": ("sample", 1.5)}, TypeError, r"entropy=\('sample', 1.5\) must be a positive"),
         ({"entropy_weight": 0.1}, TypeError, r"multiple values for argument 'entropy_weight'"),
-        ({"temperature": 0.1}, TypeError, r"unexpected keyword arguments \['temperature'\]"),
+        ({"temperature": 0.1}, TypeError, r"unexpected keyword argument 'temperature'"),
     ],
 )
 def test_bad_entropy_options_are_refused(kwargs, error, message):
