@@ -609,10 +609,10 @@ class SquashedBeta(PreImageReplay):
             Array([0.3333], dtype=float32)
         """
         n = self._a + self._b
-        low, high = (
-            jnp.broadcast_to(jnp.asarray(v, n.dtype), n.shape) for v in self._squashing[:2]
-        )
-        return jnp.square(high - low) * (self._a / n) * (self._b / n) / (n + 1.0)
+        # The width in the bounds' own precision first, as _log_range takes it.
+        low, high = (jnp.asarray(v) for v in self._squashing[:2])
+        width = jnp.broadcast_to(high - low, n.shape).astype(n.dtype)
+        return jnp.square(width) * (self._a / n) * (self._b / n) / (n + 1.0)
 
     def stddev(self) -> Float[Array, "*batch action"]:
         """``sqrt(variance())`` per dimension.

@@ -163,6 +163,15 @@ class ActionSampler(StatefulModule, abc.ABC):
 
         Raises:
             TypeError: a mask is given to a head that takes none.
+
+        Example:
+            >>> import jax.numpy as jnp, samplers
+            >>> from flax import nnx
+            >>> head = samplers.CategoricalSampler(nnx.Rngs(0), 0.01, 3)
+            >>> legal = jnp.array([[True, False, True]] * 2)
+            >>> dist = head.distribution(jnp.zeros((2, 3)), mask=legal)
+            >>> dist.probs[0]
+            Array([0.5, 0. , 0.5], dtype=float32)
         """
         if mask is not None and not self.takes_mask:
             raise TypeError(

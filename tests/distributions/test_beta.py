@@ -1146,6 +1146,7 @@ def test_float64_bounds_keep_float64_precision_with_float32_parameters():
         # in the numbers' own float64.
         weak = squashed_beta(params[:, :2], 1.0, 1.0 + 1e-9)
         weak_log_prob = weak.log_prob_from_pre_image(z[:, :1].astype(jnp.float32))
+        weak_variance = weak.variance()
     assert a.dtype == log_prob.dtype == entropy.dtype == np.float64
     raw = np.asarray(params, np.float64)
     np.testing.assert_allclose(a, 1.0 + np.logaddexp(0.0, raw[:, :2]), rtol=2e-7)
@@ -1161,6 +1162,8 @@ def test_float64_bounds_keep_float64_precision_with_float32_parameters():
     u = special.expit(np.asarray(z[:, 0].astype(jnp.float32), np.float64))
     expected = stats.beta.logpdf(u, a, b) - np.log(width[0])
     np.testing.assert_allclose(weak_log_prob, expected, rtol=1e-6)
+    # The variance too: rounded to float32 first, the width would be 0.
+    np.testing.assert_allclose(weak_variance[:, 0], width[0] ** 2 * stats.beta.var(a, b), rtol=1e-6)
 
 
 def test_squashed_beta_is_min_concentration_plus_softplus():
