@@ -100,7 +100,10 @@ def float_parameters(name: str, value) -> jax.Array:
         TypeError: ``value`` is not an array of numbers, or its dtype is not floating.
     """
     array = float_array(name, numeric_array(name, value))
-    return array.astype(computing_dtype(array.dtype))
+    dtype = computing_dtype(array.dtype)
+    # Cast only to change the dtype: a cast drops the weak type of a Python number's array
+    # (a weakly typed float64 under x64 must not promote float32 parameters).
+    return array if array.dtype == dtype else array.astype(dtype)
 
 
 def logits_array(name: str, value) -> jax.Array:
