@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 import samplers
+from tests._tiers import slow
 
 
 def _heads(rngs, entropy="exact"):
@@ -128,9 +129,17 @@ def _count(head):
     return sum(int(count) for count in jax.tree.leaves(nnx.state(head, nnx.RngCount)))
 
 
-def test_a_replay_or_an_eval_call_with_an_exact_entropy_draws_no_key_and_is_pure():
-    for name in _heads(nnx.Rngs(0)):
-        head = _heads(nnx.Rngs(0))[name]  # a stream of its own
+# One head of each layout in the default tier (a squashed Normal, the Beta, a discrete
+# head, a composite); the others repeat the same shell and run in the slow tier.
+DEFAULT_TIER = ("NormalTanhSampler", "BetaSampler", "CategoricalSampler", "CompositeSampler")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name) if name in DEFAULT_TIER else slow(name) for name in _heads(nnx.Rngs(0))],
+)
+def test_a_replay_or_an_eval_call_with_an_exact_entropy_draws_no_key_and_is_pure(name):
+    for head in [_heads(nnx.Rngs(0))[name]]:  # a stream of its own
         inputs = _inputs(head)
         rollout = head((), inputs)
         drawn = _count(head)
