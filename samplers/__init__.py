@@ -31,90 +31,20 @@ Two layers, one direction of imports:
 :func:`cross_check` compares a user's own log-likelihood with this library's.
 """
 
+from samplers import distributions, heads
 from samplers._deprecated import kl_divergence, log_prob_from_action, mode, mode_pre_image
-from samplers.distributions import (
-    BoundedTanh,
-    Composite,
-    LogitBeta,
-    MaskedCategorical,
-    MultiBinary,
-    MultiDiscrete,
-    Parameterized,
-    Replayable,
-    Sigmoid,
-    SquashedBeta,
-    SquashedNormal,
-    Squashing,
-    Tanh,
-    bound_distance,
-    normal_tanh,
-    ppo_log_ratio_stats,
-    saturation_fraction,
-    squashed_beta,
-    squashed_normal,
-    squashed_normal_from_log_std,
-    squashed_normal_from_std,
-)
-from samplers.heads import (
-    ActionSampler,
-    BetaSampler,
-    CategoricalSampler,
-    CompositeSampler,
-    DistributionSampler,
-    MultiBinarySampler,
-    MultiDiscreteSampler,
-    NormalTanhSampler,
-    ParameterizedSampler,
-    SquashedNormalSampler,
-    StatefulModule,
-    StatefulModuleOutput,
-    StateIndependentSampler,
-    functional,
-    head_for,
-)
+from samplers.distributions import *  # noqa: F403  (its __all__, added below)
+from samplers.heads import *  # noqa: F403
 from samplers.testing import CrossCheckReport, cross_check
 
+# The two layers' names, and the cross-check and deprecated functions of the package.
 __all__ = [
-    "ActionSampler",
-    "BetaSampler",
-    "BoundedTanh",
-    "CategoricalSampler",
-    "Composite",
-    "CompositeSampler",
     "CrossCheckReport",
-    "DistributionSampler",
-    "LogitBeta",
-    "MaskedCategorical",
-    "MultiBinary",
-    "MultiBinarySampler",
-    "MultiDiscrete",
-    "MultiDiscreteSampler",
-    "NormalTanhSampler",
-    "Parameterized",
-    "ParameterizedSampler",
-    "Replayable",
-    "Sigmoid",
-    "SquashedBeta",
-    "SquashedNormal",
-    "SquashedNormalSampler",
-    "Squashing",
-    "StateIndependentSampler",
-    "StatefulModule",
-    "StatefulModuleOutput",
-    "Tanh",
-    "bound_distance",
     "cross_check",
-    "functional",
-    "head_for",
     "kl_divergence",
     "log_prob_from_action",
     "mode",
     "mode_pre_image",
-    "normal_tanh",
-    "ppo_log_ratio_stats",
-    "saturation_fraction",
-    "squashed_beta",
-    "squashed_normal",
-    "squashed_normal_from_log_std",
-    "squashed_normal_from_std",
 ]
+__all__ += distributions.__all__
+__all__ += heads.__all__

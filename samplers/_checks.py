@@ -106,15 +106,19 @@ def float_parameters(name: str, value) -> jax.Array:
     return array if array.dtype == dtype else array.astype(dtype)
 
 
-def logits_array(name: str, value) -> jax.Array:
+def logits_array(name: str, value, axis: str | None = None) -> jax.Array:
     """Returns logits as ``distrax.Categorical`` takes them, in their computing dtype:
     integers as JAX's functions convert them (float32; float64 for 64-bit integers,
     which exist under ``jax_enable_x64``), float16 and bfloat16 as float32.
 
     Raises:
         TypeError: ``value`` is boolean, or not an array of numbers.
+        ValueError: ``axis`` (what the last axis is, for the error) is given and
+            ``value`` is a scalar.
     """
     array = numeric_array(name, value)
+    if axis is not None and array.ndim < 1:
+        raise ValueError(f"{name} must have {axis}, got a scalar.")
     if array.dtype == jnp.bool_:
         raise TypeError(
             f"{name} must be numbers, got booleans of shape {array.shape}: booleans are a "
@@ -124,6 +128,28 @@ def logits_array(name: str, value) -> jax.Array:
     if jnp.issubdtype(array.dtype, jnp.integer):
         array = array.astype(jnp.float64 if jnp.iinfo(array.dtype).bits == 64 else jnp.float32)
     return float_parameters(name, array)
+
+
+def boolean_mask(mask, shape, hint: str = "") -> jax.Array:
+    """Returns ``mask`` as a boolean array of ``shape``; ``hint`` follows the shape in the
+    error.
+
+    Raises:
+        TypeError: ``mask`` is not boolean.
+        ValueError: its shape is not ``shape``.
+    """
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(
+            f"mask must be boolean (True where allowed), got dtype {mask.dtype}; convert it, "
+            f"e.g. mask = legal_actions > 0."
+        )
+    if mask.shape != tuple(shape):
+        raise ValueError(
+            f"mask must have shape {tuple(shape)}{hint}, got {mask.shape}; "
+            f"jnp.broadcast_to(mask, {tuple(shape)}) if it is shared across the batch."
+        )
+    return mask
 
 
 def positive_int(name: str, value) -> int:

@@ -14,6 +14,22 @@ from jaxtyping import Array, Float
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def with_slope(value_and_slope):
+    """The elementwise function ``x -> value_and_slope(x)[0]``, differentiated as the
+    slope ``value_and_slope(x)[1]`` computed beside the value (``jax.custom_jvp``)."""
+
+    @jax.custom_jvp
+    def function(x):
+        return value_and_slope(x)[0]
+
+    @function.defjvp
+    def function_jvp(primals, tangents):
+        value, slope = value_and_slope(primals[0])
+        return value, slope * tangents[0]
+
+    return function
+
+
 @jax.jit
 def softplus(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     """``log(1 + exp(x))``, stably; XLA's CPU backend runs it faster than ``jax.nn.softplus``.
@@ -26,17 +42,12 @@ def softplus(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return _softplus(x)
 
 
-@jax.custom_jvp
-def _softplus(x):
-    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
-
-
-@_softplus.defjvp
-def _softplus_jvp(primals, tangents):
-    (x,), (dx,) = primals, tangents
+def _softplus_and_slope(x):
     e = jnp.exp(-jnp.abs(x))
-    sigmoid = jnp.where(x >= 0, 1.0, e) / (1.0 + e)
-    return jnp.maximum(x, 0.0) + jnp.log1p(e), sigmoid * dx
+    return jnp.maximum(x, 0.0) + jnp.log1p(e), jnp.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
+_softplus = with_slope(_softplus_and_slope)
 
 
 @jax.jit
@@ -56,12 +67,7 @@ def tanh_log_det(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return _tanh_log_det(x)
 
 
-@jax.custom_jvp
-def _tanh_log_det(x):
-    return _tanh_log_det_and_derivative(x)[0]
-
-
-def _tanh_log_det_and_derivative(x):
+def _tanh_log_det_and_slope(x):
     magnitude = jnp.abs(x)
     e = jnp.exp(-2.0 * magnitude)
     log_det = 2.0 * (jnp.log(2.0) - magnitude - jnp.log1p(e))
@@ -70,10 +76,7 @@ def _tanh_log_det_and_derivative(x):
     return log_det, -2.0 * jnp.where(x < 0, -1.0, 1.0) * (1.0 - e) / (1.0 + e)
 
 
-@_tanh_log_det.defjvp
-def _tanh_log_det_jvp(primals, tangents):
-    log_det, derivative = _tanh_log_det_and_derivative(primals[0])
-    return log_det, derivative * tangents[0]
+_tanh_log_det = with_slope(_tanh_log_det_and_slope)
 
 
 @jax.jit
@@ -93,16 +96,12 @@ def tanh(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return _tanh(x)
 
 
-@jax.custom_jvp
-def _tanh(x):
-    return jnp.tanh(x)
-
-
-@_tanh.defjvp
-def _tanh_jvp(primals, tangents):
-    (x,), (dx,) = primals, tangents
+def _tanh_and_slope(x):
     e = jnp.exp(-2.0 * jnp.abs(x))
-    return jnp.tanh(x), 4.0 * e / jnp.square(1.0 + e) * dx
+    return jnp.tanh(x), 4.0 * e / jnp.square(1.0 + e)
+
+
+_tanh = with_slope(_tanh_and_slope)
 
 
 # Below z = -5, log Phi(z) = log phi(z) + log R(-z) with the Mills ratio R from its
@@ -126,11 +125,6 @@ def log_ndtr(z: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return _log_ndtr(z)
 
 
-@jax.custom_jvp
-def _log_ndtr(z):
-    return _log_ndtr_and_slope(z)[0]
-
-
 def _log_ndtr_and_slope(z):
     z = jnp.asarray(z)
     tail = z < _TAIL
@@ -145,10 +139,7 @@ def _log_ndtr_and_slope(z):
     return jnp.where(tail, tail_value, inner_value), jnp.where(tail, inverse_mills, inner_slope)
 
 
-@_log_ndtr.defjvp
-def _log_ndtr_jvp(primals, tangents):
-    value, slope = _log_ndtr_and_slope(primals[0])
-    return value, slope * tangents[0]
+_log_ndtr = with_slope(_log_ndtr_and_slope)
 
 
 def k3(log_ratio: Float[Array, "*shape"]) -> Float[Array, "*shape"]:

@@ -17,6 +17,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The examples' docstring examples run in the slow tier, with the examples' other
+    tests: the examples are programs built on the library, not the library."""
+    for item in items:
+        if item.nodeid.startswith("samplers/examples/"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=BATCH_SHAPES)
 def batch_shape(request):
     return request.param

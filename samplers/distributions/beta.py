@@ -27,10 +27,9 @@ from samplers import _checks
 from samplers._numerics import softplus
 from samplers.distributions import _beta_math, _pre_images, _squashed
 from samplers.distributions.bijectors import (
-    BoundedTanh,
-    Sigmoid,
     Squashing,
     same_map,
+    sigmoid_onto,
     squashing,
 )
 from samplers.distributions.replay import PreImageReplay
@@ -254,64 +253,6 @@ class LogitBeta(distrax.Distribution):
         return LogitBeta(self._a[index], self._b[index])
 
 
-class _BoundedSigmoid(distrax.Bijector):
-    """``y = low + (high - low) * sigmoid(x)``: the real line onto ``[low, high]``.
-
-    The bounds are checked and stored as :class:`samplers.BoundedTanh` checks and
-    stores them (scalars or one per action dimension, broadcast against the input),
-    and declared with pre-image scale 2 (``sigmoid(x) = (1 + tanh(x / 2)) / 2``).
-    """
-
-    def __init__(self, low, high):
-        super().__init__(event_ndims_in=0)
-        checked = BoundedTanh(low, high)
-        self.low, self.high = checked.low, checked.high
-
-    @property
-    def squashing(self) -> Squashing:
-        return Squashing(self.low, self.high, 2.0)
-
-    def forward_and_log_det(self, x):
-        return _bounded_sigmoid_forward(x, self.low, self.high)
-
-    def inverse_and_log_det(self, y):
-        return _bounded_sigmoid_inverse(y, self.low, self.high)
-
-    def same_as(self, other: distrax.Bijector) -> bool:
-        return same_map(self, other) is True
-
-
-def _bounds_like(x, low, high):
-    """``x``, ``low`` and ``high`` broadcast together, integers becoming floats."""
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
-        x = x.astype(jnp.result_type(float))
-    shape = jax.lax.broadcast_shapes(jnp.shape(low), x.shape)
-    return tuple(jnp.broadcast_to(v, shape) for v in (x, low, high))
-
-
-@jax.jit
-def _bounded_sigmoid_forward(x, low, high):
-    x, low, high = _bounds_like(x, low, high)
-    y = jnp.clip(low + (high - low) * jax.nn.sigmoid(x), low, high)
-    return y, jnp.log(high - low) - softplus(x) - softplus(-x)
-
-
-@jax.jit
-def _bounded_sigmoid_inverse(y, low, high):
-    y, low, high = _bounds_like(y, low, high)
-    log_to_low, log_to_high = jnp.log(y - low), jnp.log(high - y)
-    return log_to_low - log_to_high, jnp.log(high - low) - log_to_low - log_to_high
-
-
-def _sigmoid_onto(low, high) -> distrax.Bijector:
-    """``samplers.Sigmoid()`` for the numbers 0 and 1, else the sigmoid onto the bounds."""
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
-    if numbers and low == 0 and high == 1:
-        return Sigmoid()
-    return _BoundedSigmoid(low, high)
-
-
 class SquashedBeta(PreImageReplay):
     """A Beta distribution per action dimension, on ``[low, high]``, through its logit.
 
@@ -380,7 +321,7 @@ class SquashedBeta(PreImageReplay):
                 f"concentration1 and concentration0 must have the same shape [*batch, action], "
                 f"got {a.shape} and {b.shape}."
             )
-        bijector = _sigmoid_onto(low, high)
+        bijector = sigmoid_onto(low, high)
         bounds = cast(Squashing, squashing(bijector))
         if np.shape(bounds.low) not in ((), (a.shape[-1],)):
             raise ValueError(
@@ -402,21 +343,15 @@ class SquashedBeta(PreImageReplay):
         Example:
             >>> import jax.numpy as jnp
             >>> from samplers import SquashedBeta
-            >>> SquashedBeta(jnp.array([2.0, -1.0]), jnp.array([3.0, 3.0])).concentration1
-            Array([ 2., nan], dtype=float32)
+            >>> dist = SquashedBeta(jnp.array([2.0, -1.0]), jnp.array([3.0, 3.0]))
+            >>> dist.concentration1, dist.concentration0
+            (Array([ 2., nan], dtype=float32), Array([ 3., nan], dtype=float32))
         """
         return self._a
 
     @property
     def concentration0(self) -> Float[Array, "*batch action"]:
-        """``b`` per dimension, ``[*batch, action]``; NaN where the parameters are invalid.
-
-        Example:
-            >>> import jax.numpy as jnp
-            >>> from samplers import SquashedBeta
-            >>> SquashedBeta(jnp.array([2.0, -1.0]), jnp.array([3.0, 3.0])).concentration0
-            Array([ 3., nan], dtype=float32)
-        """
+        """``b`` per dimension, as :attr:`concentration1` gives ``a``."""
         return self._b
 
     @property
@@ -537,9 +472,8 @@ class SquashedBeta(PreImageReplay):
             ValueError: ``value`` does not broadcast with the distribution's shape.
 
         Example:
-            >>> import jax.numpy as jnp
-            >>> from samplers import SquashedBeta
-            >>> dist = SquashedBeta(jnp.array([0.3]), jnp.array([2.0]))
+            >>> import jax.numpy as jnp, samplers
+            >>> dist = samplers.SquashedBeta(jnp.array([0.3]), jnp.array([2.0]))
             >>> dist.log_prob(jnp.array([[0.5], [0.0], [1.0]]))  # inside, the two atoms
             Array([ -1.1496, -25.9386 , -36.2921 ], dtype=float32)
         """

@@ -1,5 +1,6 @@
 """Elementwise bijectors: tanh, tanh onto per-dimension bounds, and sigmoid."""
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import distrax
@@ -122,45 +123,40 @@ class Sigmoid(distrax.Sigmoid):
         return same_map(self, other) is True
 
 
-class BoundedTanh(distrax.Bijector):
-    """``y = center + half_range * tanh(x)``: the real line onto ``[low, high]``.
+def _broadcast_bounds(x, low, high):
+    """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.result_type(float))  # as distrax.Tanh: integers become floats
+    # Explicit, as distrax.ScalarAffine does: the bounds are batched parameters.
+    shape = jax.lax.broadcast_shapes(jnp.shape(low), x.shape)
+    x, low, high = (jnp.broadcast_to(a, shape) for a in (x, low, high))
+    return x, low, high, (high + low) / 2, (high - low) / 2
 
-    With ``center = (low + high) / 2`` and ``half_range = (high - low) / 2``, per
-    dimension. The log-determinant is ``log(half_range) + log|d tanh(x)/dx|``,
-    computed from ``x`` so it stays finite when ``tanh(x)`` rounds to +-1. The
-    forward map is clipped to ``[low, high]`` because the affine step can round
-    one ulp past a bound. Like ``distrax.Tanh``, the inverse of a saturated action
-    is infinite: score stored pre-images instead (see ``SquashedNormal``).
 
-    Shapes and dtypes are those of ``distrax.Chain([distrax.ScalarAffine(center,
-    half_range), distrax.Tanh()])``: the bounds are batched parameters that
-    broadcast against the input (bounds ``[A]`` and an input ``()`` give ``[A]``;
-    an input ``[B, 1]`` gives ``[B, A]``), and the dtype is JAX's promotion of the
-    input with the bounds. Bounds given as Python numbers are weakly typed and
-    take the input's dtype, so with ``jax_enable_x64`` a float32 input still gives
-    float32; bounds given as floating arrays keep their dtype (float64 arrays
-    promote a float32 input to float64). Integer inputs become the default float dtype.
+# Jitted, so that an eager call runs one program rather than one per operation.
+@jax.jit
+def _bounded_tanh_forward(x, low, high):
+    x, low, high, center, half_range = _broadcast_bounds(x, low, high)
+    y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
+    return y, jnp.log(half_range) + tanh_log_det(x)
 
-    Args:
-        low: Lower bounds, a scalar or one per action dimension.
-        high: Upper bounds, the same shape as ``low``.
 
-    Raises:
-        ValueError: the bounds are not finite (also once stored: ``1e300``
-            overflows float32), subnormal (XLA flushes those to zero),
-            ``low >= high`` anywhere, ``high - low`` or ``high + low`` overflows
-            the dtype they are stored in (``BoundedTanh(-3e38, 3e38)`` in
-            float32: the half range and the centre are computed from them), the
-            half range is below the smallest normal float, the shapes differ, or
-            they have more than one dimension. Traced bounds
-            (built inside ``jax.jit`` or ``jax.vmap``) are checked for shape only.
+@jax.jit
+def _bounded_tanh_inverse(y, low, high):
+    y, _, _, center, half_range = _broadcast_bounds(y, low, high)
+    x = jnp.arctanh((y - center) / half_range)
+    return x, -(jnp.log(half_range) + tanh_log_det(x))
 
-    Example:
-        >>> import jax.numpy as jnp, samplers
-        >>> bijector = samplers.BoundedTanh(low=jnp.array([-2.0, 0.0]), high=jnp.array([2.0, 1.0]))
-        >>> bijector.forward(jnp.array([0.0, 50.0]))
-        Array([0., 1.], dtype=float32)
-    """
+
+class _Bounded(distrax.Bijector):
+    """A squashing onto checked bounds ``low`` and ``high``, one map a subclass: its
+    pre-image scale and its ``forward_and_log_det`` and ``inverse_and_log_det`` as
+    functions of ``(value, low, high)``."""
+
+    _pre_image_scale: float
+    _forward: Callable
+    _inverse: Callable
 
     def __init__(self, low: Float[ArrayLike, "*action"], high: Float[ArrayLike, "*action"]):
         super().__init__(event_ndims_in=0)
@@ -218,18 +214,18 @@ class BoundedTanh(distrax.Bijector):
 
     @property
     def squashing(self) -> Squashing:
-        """Its bounds, with pre-image scale 1."""
-        return Squashing(self.low, self.high, 1.0)
+        """Its bounds, with the subclass's pre-image scale."""
+        return Squashing(self.low, self.high, self._pre_image_scale)
 
     def forward_and_log_det(self, x):
-        return _bounded_tanh_forward(x, self.low, self.high)
+        return self._forward(x, self.low, self.high)
 
     def inverse_and_log_det(self, y):
-        return _bounded_tanh_inverse(y, self.low, self.high)
+        return self._inverse(y, self.low, self.high)
 
     def same_as(self, other: distrax.Bijector) -> bool:
-        """Whether ``other`` is guaranteed to be the same map: a ``BoundedTanh`` with
-        equal bounds.
+        """Whether ``other`` is guaranteed to be the same map: a squashing with this
+        one's pre-image scale and equal bounds.
 
         Bounds compare by value after broadcasting, so scalar bounds equal a vector
         of the same value. Traced bounds (inside ``jax.jit`` or ``jax.vmap``) have
@@ -246,30 +242,90 @@ class BoundedTanh(distrax.Bijector):
         return same_map(self, other) is True
 
 
-def _broadcast_bounds(x, low, high):
-    """``x``, ``low``, ``high``, ``center`` and ``half_range``, all of one shape."""
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
-        x = x.astype(jnp.result_type(float))  # as distrax.Tanh: integers become floats
-    # Explicit, as distrax.ScalarAffine does: the bounds are batched parameters.
-    shape = jax.lax.broadcast_shapes(jnp.shape(low), x.shape)
-    x, low, high = (jnp.broadcast_to(a, shape) for a in (x, low, high))
-    return x, low, high, (high + low) / 2, (high - low) / 2
+class BoundedTanh(_Bounded):
+    """``y = center + half_range * tanh(x)``: the real line onto ``[low, high]``.
+
+    With ``center = (low + high) / 2`` and ``half_range = (high - low) / 2``, per
+    dimension. The log-determinant is ``log(half_range) + log|d tanh(x)/dx|``,
+    computed from ``x`` so it stays finite when ``tanh(x)`` rounds to +-1. The
+    forward map is clipped to ``[low, high]`` because the affine step can round
+    one ulp past a bound. Like ``distrax.Tanh``, the inverse of a saturated action
+    is infinite: score stored pre-images instead (see ``SquashedNormal``).
+
+    Shapes and dtypes are those of ``distrax.Chain([distrax.ScalarAffine(center,
+    half_range), distrax.Tanh()])``: the bounds are batched parameters that
+    broadcast against the input (bounds ``[A]`` and an input ``()`` give ``[A]``;
+    an input ``[B, 1]`` gives ``[B, A]``), and the dtype is JAX's promotion of the
+    input with the bounds. Bounds given as Python numbers are weakly typed and
+    take the input's dtype, so with ``jax_enable_x64`` a float32 input still gives
+    float32; bounds given as floating arrays keep their dtype (float64 arrays
+    promote a float32 input to float64). Integer inputs become the default float dtype.
+
+    Args:
+        low: Lower bounds, a scalar or one per action dimension.
+        high: Upper bounds, the same shape as ``low``.
+
+    Raises:
+        ValueError: the bounds are not finite (also once stored: ``1e300``
+            overflows float32), subnormal (XLA flushes those to zero),
+            ``low >= high`` anywhere, ``high - low`` or ``high + low`` overflows
+            the dtype they are stored in (``BoundedTanh(-3e38, 3e38)`` in
+            float32: the half range and the centre are computed from them), the
+            half range is below the smallest normal float, the shapes differ, or
+            they have more than one dimension. Traced bounds
+            (built inside ``jax.jit`` or ``jax.vmap``) are checked for shape only.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> bijector = samplers.BoundedTanh(low=jnp.array([-2.0, 0.0]), high=jnp.array([2.0, 1.0]))
+        >>> bijector.forward(jnp.array([0.0, 50.0]))
+        Array([0., 1.], dtype=float32)
+    """
+
+    _pre_image_scale = 1.0
+    _forward = staticmethod(_bounded_tanh_forward)
+    _inverse = staticmethod(_bounded_tanh_inverse)
 
 
-# Jitted, so that an eager call runs one program rather than one per operation.
 @jax.jit
-def _bounded_tanh_forward(x, low, high):
-    x, low, high, center, half_range = _broadcast_bounds(x, low, high)
-    y = jnp.clip(center + half_range * jnp.tanh(x), low, high)
-    return y, jnp.log(half_range) + tanh_log_det(x)
+def _bounded_sigmoid_forward(x, low, high):
+    x, low, high = _broadcast_bounds(x, low, high)[:3]
+    y = jnp.clip(low + (high - low) * jax.nn.sigmoid(x), low, high)
+    return y, jnp.log(high - low) - softplus(x) - softplus(-x)
 
 
 @jax.jit
-def _bounded_tanh_inverse(y, low, high):
-    y, _, _, center, half_range = _broadcast_bounds(y, low, high)
-    x = jnp.arctanh((y - center) / half_range)
-    return x, -(jnp.log(half_range) + tanh_log_det(x))
+def _bounded_sigmoid_inverse(y, low, high):
+    y, low, high = _broadcast_bounds(y, low, high)[:3]
+    log_to_low, log_to_high = jnp.log(y - low), jnp.log(high - y)
+    return log_to_low - log_to_high, jnp.log(high - low) - log_to_low - log_to_high
+
+
+class _BoundedSigmoid(_Bounded):
+    """``y = low + (high - low) * sigmoid(x)``: the real line onto ``[low, high]``.
+
+    The bounds are checked and stored as :class:`BoundedTanh` checks and
+    stores them (scalars or one per action dimension, broadcast against the input),
+    and declared with pre-image scale 2 (``sigmoid(x) = (1 + tanh(x / 2)) / 2``).
+    """
+
+    _pre_image_scale = 2.0
+    _forward = staticmethod(_bounded_sigmoid_forward)
+    _inverse = staticmethod(_bounded_sigmoid_inverse)
+
+
+def sigmoid_onto(low, high) -> distrax.Bijector:
+    """``samplers.Sigmoid()`` for the numbers 0 and 1, else the sigmoid onto the bounds,
+    ``low + (high - low) * sigmoid(x)``, with bounds checked as :class:`BoundedTanh`'s.
+
+    Example:
+        >>> type(sigmoid_onto(0, 1)).__name__, sigmoid_onto(-2.0, 2.0).forward(jnp.zeros(2))
+        ('Sigmoid', Array([0., 0.], dtype=float32))
+    """
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+    if numbers and low == 0 and high == 1:
+        return Sigmoid()
+    return _BoundedSigmoid(low, high)
 
 
 def _bound_dtype(value) -> np.dtype:

@@ -58,24 +58,11 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
         mask: Bool[ArrayLike, "*batch actions"] | None = None,
         dtype: Any = int,
     ):
-        logits = _checks.logits_array("logits", logits)
-        if logits.ndim < 1:
-            raise ValueError(
-                "logits must have an action axis, shape [*batch, num_actions], got a scalar."
-            )
+        axis = "an action axis, shape [*batch, num_actions]"
+        logits = _checks.logits_array("logits", logits, axis)
         if mask is None:
             mask = jnp.ones(logits.shape, bool)
-        mask = jnp.asarray(mask)
-        if mask.dtype != jnp.bool_:
-            raise TypeError(
-                f"mask must be boolean (True where the action is allowed), got dtype "
-                f"{mask.dtype}; convert it, e.g. mask = legal_actions > 0."
-            )
-        if mask.shape != logits.shape:
-            raise ValueError(
-                f"mask must have logits' shape {logits.shape}, got {mask.shape}; give one "
-                f"flag per action, or jnp.broadcast_to(mask, logits.shape)."
-            )
+        mask = _checks.boolean_mask(mask, logits.shape, hint=", logits' shape")
         super().__init__(logits=jnp.where(mask, logits, -jnp.inf), dtype=dtype)
         self._mask = mask
 

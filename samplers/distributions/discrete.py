@@ -80,7 +80,7 @@ class MultiDiscrete(_SubActions):
         dtype: Any = int,
     ):
         nvec = _checks.nvec(nvec)
-        logits = _checks.float_parameters("logits", logits)
+        logits = _checks.logits_array("logits", logits)
         total = sum(nvec)
         if logits.ndim < 1 or logits.shape[-1] != total:
             raise ValueError(
@@ -91,7 +91,7 @@ class MultiDiscrete(_SubActions):
             mask = jnp.ones(logits.shape, bool)
         elif isinstance(mask, (list, tuple)):
             mask = _per_part_mask(mask, nvec, logits.shape[:-1])
-        mask = _boolean_mask(mask, logits.shape)
+        mask = _checks.boolean_mask(mask, logits.shape)
         # Each sub-action's slice, padded to the largest with forbidden choices.
         padded_logits = _pad_parts(logits, nvec, -jnp.inf)
         padded_mask = _pad_parts(mask, nvec, False)
@@ -146,11 +146,11 @@ class MultiBinary(_SubActions):
         mask: Bool[ArrayLike, "*batch bits 2"] | None = None,
         dtype: Any = int,
     ):
-        logits = _checks.float_parameters("logits", logits)
-        if logits.ndim < 1:
-            raise ValueError("logits must have a bit axis, shape [*batch, num_bits], got a scalar.")
+        logits = _checks.logits_array("logits", logits, "a bit axis, shape [*batch, num_bits]")
         if mask is not None:
-            mask = _boolean_mask(mask, (*logits.shape, 2), hint=" (bit i may be 0, bit i may be 1)")
+            mask = _checks.boolean_mask(
+                mask, (*logits.shape, 2), hint=" (bit i may be 0, bit i may be 1)"
+            )
             may_be_zero, may_be_one = mask[..., 0], mask[..., 1]
             forced = jnp.where(may_be_one, jnp.inf, jnp.where(may_be_zero, -jnp.inf, jnp.nan))
             logits = jnp.where(may_be_zero & may_be_one, logits, forced)
@@ -253,25 +253,10 @@ def _per_part_mask(parts, nvec, batch_shape) -> Array:
             f"nvec={nvec}), got {len(parts)}."
         )
     checked = [
-        _boolean_mask(part, (*batch_shape, n), hint=f" for sub-action {i}")
+        _checks.boolean_mask(part, (*batch_shape, n), hint=f" for sub-action {i}")
         for i, (part, n) in enumerate(zip(parts, nvec, strict=True))
     ]
     return jnp.concatenate(checked, axis=-1)
-
-
-def _boolean_mask(mask, shape, hint: str = "") -> Array:
-    mask = jnp.asarray(mask)
-    if mask.dtype != jnp.bool_:
-        raise TypeError(
-            f"mask must be boolean (True where allowed), got dtype {mask.dtype}; convert it, "
-            f"e.g. mask = legal_actions > 0."
-        )
-    if mask.shape != tuple(shape):
-        raise ValueError(
-            f"mask must have shape {tuple(shape)}{hint}, got {mask.shape}; "
-            f"jnp.broadcast_to(mask, {tuple(shape)}) if it is shared across the batch."
-        )
-    return mask
 
 
 tfd.RegisterKL(_Bernoulli, _Bernoulli)(_bernoulli_kl)

@@ -24,7 +24,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
-from samplers._numerics import log_ndtr
+from samplers._numerics import log_ndtr, with_slope
 from samplers.distributions import _pre_images, _squashed
 from samplers.distributions.bijectors import bijector_name, squashing
 from samplers.distributions.replay import PreImageReplay
@@ -739,17 +739,10 @@ class SquashedNormal(PreImageReplay):
 _MAX_HERMITE_POINTS = 256
 
 
-@jax.custom_jvp
-def _edge_slope(p):
-    """Zero, with the derivative of a quantile at ``p = 0`` and ``p = 1``: ``+inf``."""
-    return jnp.zeros_like(p)
-
-
-@_edge_slope.defjvp
-def _edge_slope_jvp(primals, tangents):
-    """The JVP of :func:`_edge_slope`: ``+inf * p_dot`` at ``p = 0`` and ``1``, else 0."""
-    (p,), (p_dot,) = primals, tangents
-    return jnp.zeros_like(p), jnp.where((p == 0) | (p == 1), jnp.inf, 0.0) * p_dot
+# Zero, with the derivative of a quantile at p = 0 and p = 1: +inf there, else 0.
+_edge_slope = with_slope(
+    lambda p: (jnp.zeros_like(p), jnp.where((p == 0) | (p == 1), jnp.inf, 0.0))
+)
 
 
 def _check_keeps_shape(bijector: distrax.Bijector, loc) -> None:

@@ -285,7 +285,7 @@ def test_indexing_keeps_the_mask_and_works_under_jit_and_vmap():
 def test_bad_inputs_are_refused_by_name():
     with pytest.raises(TypeError, match="mask must be boolean"):
         samplers.MaskedCategorical(jnp.zeros(3), jnp.ones(3))
-    with pytest.raises(ValueError, match=r"mask must have logits' shape \(3,\), got \(2,\)"):
+    with pytest.raises(ValueError, match=r"mask must have shape \(3,\), logits' shape, got \(2,\)"):
         samplers.MaskedCategorical(jnp.zeros(3), jnp.ones(2, bool))
     with pytest.raises(ValueError, match="action axis"):
         samplers.MaskedCategorical(jnp.float32(0.0))

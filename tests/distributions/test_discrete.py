@@ -407,8 +407,8 @@ def test_multi_discrete_refuses_bad_inputs_by_name():
         samplers.MultiDiscrete(jnp.zeros((2, 10)), NVEC)
     with pytest.raises(ValueError, match=r"logits must have shape \[\*batch, 11\]"):
         samplers.MultiDiscrete(jnp.float32(0.0), NVEC)
-    with pytest.raises(TypeError, match="logits must have a floating dtype, got int32"):
-        samplers.MultiDiscrete(jnp.zeros((2, 11), jnp.int32), NVEC)
+    with pytest.raises(TypeError, match="logits must be numbers, got booleans"):
+        samplers.MultiDiscrete(jnp.zeros((2, 11), bool), NVEC)
     with pytest.raises(TypeError, match=r"mask must be boolean .* got dtype float32"):
         samplers.MultiDiscrete(logits, NVEC, jnp.ones((2, 11)))
     with pytest.raises(ValueError, match=r"mask must have shape \(2, 11\), got \(11,\)"):
@@ -673,7 +673,7 @@ def test_multi_binary_kl_divergence_gradients_match_float64_differences():
 def test_multi_binary_refuses_bad_inputs_by_name():
     with pytest.raises(ValueError, match="logits must have a bit axis"):
         samplers.MultiBinary(jnp.float32(0.0))
-    with pytest.raises(TypeError, match="logits must have a floating dtype, got bool"):
+    with pytest.raises(TypeError, match="logits must be numbers, got booleans"):
         samplers.MultiBinary(jnp.ones(3, bool))
     with pytest.raises(
         ValueError,
@@ -743,3 +743,19 @@ def test_multi_binary_kl_gradient_is_finite_at_log_odds_of_plus_or_minus_inf():
     # d/dq of -log sigmoid(q) and -log sigmoid(-q): -sigmoid(-q) and sigmoid(q).
     np.testing.assert_allclose(q_grad[:2], [-special.expit(1.0), special.expit(2.0)], rtol=1e-12)
     assert np.all(np.isfinite(p_grad)) and np.all(np.isfinite(q_grad))
+
+
+def test_integer_logits_are_taken_as_distrax_takes_them():
+    # distrax.Bernoulli and distrax.Categorical take integer logits as floats; so do the
+    # multi-part distributions, scoring as distrax's own distribution of the parts.
+    logits = jnp.array([[-3, 0, 2], [1, 4, -1]], jnp.int32)
+    bits = jnp.array([[0, 1, 1], [1, 1, 0]])
+    expected = distrax.Bernoulli(logits=logits.astype(jnp.float32)).log_prob(bits).sum(-1)
+    np.testing.assert_allclose(samplers.MultiBinary(logits).log_prob(bits), expected, rtol=1e-6)
+    nvec, parts = (1, 2), jnp.array([[0, 1], [0, 0]])
+    expected = sum(
+        distrax.Categorical(logits=logits[:, start:stop].astype(jnp.float32)).log_prob(parts[:, i])
+        for i, (start, stop) in enumerate(((0, 1), (1, 3)))
+    )
+    got = samplers.MultiDiscrete(logits, nvec).log_prob(parts)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -412,7 +412,7 @@ def test_num_params_is_the_logits_width_and_without_a_mask_nothing_is_forbidden(
 
 
 ERRORS = {
-    "categorical": (r"mask must have logits' shape \(8, 4\), got \(8, 3\)", r"\(8,\)"),
+    "categorical": (r"mask must have shape \(8, 4\), logits' shape, got \(8, 3\)", r"\(8,\)"),
     "multi_discrete": (r"mask must have shape \(8, 11\), got \(8, 3\)", r"\(8, 4\)"),
     "multi_binary": (
         r"mask must have shape \(8, 3, 2\) \(bit i may be 0, bit i may be 1\), got \(8, 3\)",
