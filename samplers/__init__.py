@@ -12,9 +12,10 @@ Two layers, one direction of imports:
   and scored through its logit, whose distribution is :class:`LogitBeta`;
   :class:`MaskedCategorical`, :class:`MultiDiscrete` and :class:`MultiBinary` are
   discrete distributions with action masks; :class:`Composite` (independent parts
-  of a ``Dict`` or ``Tuple`` action) and :class:`Parameterized` (a choice among
-  discrete actions with parameters of their own) are distributions over structured
-  actions; :class:`Replayable` is the protocol of a distribution that samples an
+  of a ``Dict`` or ``Tuple`` action), :class:`Parameterized` (a choice among
+  discrete actions with parameters of their own) and :class:`Autoregressive`
+  (sub-actions each conditioned on the earlier ones) are distributions over
+  structured actions; :class:`Replayable` is the protocol of a distribution that samples an
   action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
   :func:`ppo_log_ratio_stats` diagnose the actions.
 - :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that
@@ -24,7 +25,9 @@ Two layers, one direction of imports:
   Normals, :class:`BetaSampler` for a Beta on a box, :class:`CategoricalSampler`,
   :class:`MultiDiscreteSampler` and :class:`MultiBinarySampler` for masked discrete
   actions, :class:`CompositeSampler` for ``Dict`` and ``Tuple`` actions,
-  :class:`ParameterizedSampler` for parameterised actions, and
+  :class:`ParameterizedSampler` for parameterised actions,
+  :class:`AutoregressiveSampler` for sub-actions conditioned (and masked) on the
+  earlier ones, and
   :class:`DistributionSampler` for any distrax distribution; :func:`head_for` picks
   the head for a gymnasium or gymnax action space.
 

@@ -19,6 +19,8 @@ from tests._tiers import BATCH_SHAPES, slow
 def test_public_names_are_pinned():
     assert sorted(samplers.__all__) == [
         "ActionSampler",
+        "Autoregressive",
+        "AutoregressiveSampler",
         "BetaSampler",
         "BoundedTanh",
         "CategoricalSampler",

@@ -10,6 +10,7 @@ from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 never the other way round.
 """
 
+from samplers.distributions.autoregressive import Autoregressive
 from samplers.distributions.beta import LogitBeta, SquashedBeta, squashed_beta
 from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
 from samplers.distributions.categorical import MaskedCategorical
@@ -33,6 +34,7 @@ from samplers.distributions.squashed_normal import SquashedNormal
 from samplers.distributions import kl  # noqa: F401  # isort: skip
 
 __all__ = [
+    "Autoregressive",
     "BoundedTanh",
     "Composite",
     "LogitBeta",

@@ -18,6 +18,8 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
 - ``hybrid``: PPO on a ``Dict(direction=Discrete(3), distance=Box(0, 1, (1,)))``
   action with the head ``head_for`` builds for it, a ``CompositeSampler`` of a
   ``CategoricalSampler`` and a ``SquashedNormalSampler``.
+- ``correlated``: PPO on two games whose second bit must depend on the first, with an
+  ``AutoregressiveSampler`` or a ``CompositeSampler`` of two independent bits.
 - ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
   trained with SAC's actor loss under ``jax.jit``; it uses no head.
 

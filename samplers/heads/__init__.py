@@ -7,6 +7,7 @@ replay; the entropy cost and metrics.
 """
 
 from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.autoregressive import AutoregressiveSampler
 from samplers.heads.beta import BetaSampler
 from samplers.heads.composite import CompositeSampler, ParameterizedSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
@@ -22,6 +23,7 @@ from samplers.heads.squashed_normal import (
 
 __all__ = [
     "ActionSampler",
+    "AutoregressiveSampler",
     "BetaSampler",
     "CategoricalSampler",
     "CompositeSampler",

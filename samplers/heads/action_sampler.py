@@ -228,7 +228,7 @@ class ActionSampler(StatefulModule, abc.ABC):
         return StatefulModuleOutput(
             next_state=next_state,
             output=output,
-            regularization_loss=self._regularization(dist, entropy_key),
+            regularization_loss=self._regularization(dist, entropy_key, data),
             metrics=self._metrics(inputs, dist, output, own, old_log_likelihood),
             rollout_extras=self._pack(jax.lax.stop_gradient(data), own),
         )
@@ -267,8 +267,8 @@ class ActionSampler(StatefulModule, abc.ABC):
         """The ``rollout_extras`` that a later call replays."""
         return data
 
-    def _regularization(self, dist, key) -> Array:
-        """``-entropy_weight * entropy``."""
+    def _regularization(self, dist, key, data) -> Array:
+        """``-entropy_weight * entropy`` (``data``: the call's replay data)."""
         return -self.entropy_weight * jnp.asarray(dist.entropy())
 
     def _metrics(self, inputs, dist, output: dict, own, old_log_likelihood) -> dict:

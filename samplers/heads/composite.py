@@ -66,7 +66,7 @@ class _Composite(ActionSampler):
         what = type(self).__name__
         paths_ = list(paths(self._spec()))
         heads = self._heads()
-        self._sizes = tuple(_size(what, p, h) for p, h in zip(paths_, heads, strict=True))
+        self._sizes = tuple(part_size(what, p, h) for p, h in zip(paths_, heads, strict=True))
         _refuse_shared(what, self._leaves())
         flags = {p: bool(h.per_env_streams) for p, h in zip(paths_, heads, strict=True)}
         if len(set(flags.values())) > 1:
@@ -177,13 +177,17 @@ class _Composite(ActionSampler):
         rows = zip(self._heads(), self._split(data, "data"), own, strict=True)
         return build(self._spec(), [head._pack(x, part_own) for head, x, (_, part_own) in rows])
 
-    def _regularizations(self, dist, key) -> list[Array]:
+    def _regularizations(self, dist, key, data) -> list[Array]:
         """Each part's entropy cost, from its own entropy and weight."""
         regularizations = []
-        for (path, head), d, k in zip(
-            self._parts(), self._split(dist.parts, "parts"), self._part_keys(key), strict=True
+        for (path, head), d, k, x in zip(
+            self._parts(),
+            self._split(dist.parts, "parts"),
+            self._part_keys(key),
+            self._split(data, "data"),
+            strict=True,
         ):
-            cost = head._regularization(d, k)
+            cost = head._regularization(d, k, x)
             _check_batch_shape(path, head, "regularization_loss", cost, dist.batch_shape)
             regularizations.append(cost)
         return regularizations
@@ -334,8 +338,8 @@ class CompositeSampler(_Composite):
             mask = {name: mask.get(name) for name in self._names}
         return self._split(mask, "mask")
 
-    def _regularization(self, dist, key) -> Array:
-        regularizations = self._regularizations(dist, key)
+    def _regularization(self, dist, key, data) -> Array:
+        regularizations = self._regularizations(dist, key, data)
         total = regularizations[0]
         for cost in regularizations[1:]:
             total = total + cost
@@ -428,13 +432,13 @@ class ParameterizedSampler(_Composite):
     def _masks(self, mask) -> list:
         return [mask] + [None] * len(self.parameters)
 
-    def _regularization(self, dist: Parameterized, key) -> Array:
-        choice, *parameters = self._regularizations(dist, key)
+    def _regularization(self, dist: Parameterized, key, data) -> Array:
+        choice, *parameters = self._regularizations(dist, key, data)
         probs = dist.choice.probs
         return choice + jnp.sum(probs * jnp.stack(parameters, -1), axis=-1)
 
 
-def _size(what: str, path: tuple[str, ...], head: Any) -> int:
+def part_size(what: str, path: tuple[str, ...], head: Any) -> int:
     """Checks that ``head`` is a head with a ``num_params``, and returns it."""
     if not isinstance(head, ActionSampler):
         raise TypeError(

@@ -198,7 +198,7 @@ class SquashedNormalSampler(ActionSampler):
     def _entropy_needs_key(self) -> bool:
         return self.entropy[0] == "sample"
 
-    def _regularization(self, dist: SquashedNormal, key) -> Array:
+    def _regularization(self, dist: SquashedNormal, key, data) -> Array:
         return -self.entropy_weight * self._entropy(dist, key)
 
     def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:

@@ -44,6 +44,15 @@ def _heads(rngs, entropy="exact"):
             },
             rngs=rngs,
         ),
+        "AutoregressiveSampler": samplers.AutoregressiveSampler(
+            {
+                "fire": samplers.CategoricalSampler(rngs, 0.1, 2),
+                "move": samplers.SquashedNormalSampler(rngs, 0.1, **box),
+            },
+            features=5,
+            entropy_weight=0.1,
+            rngs=rngs,
+        ),
         "ParameterizedSampler": samplers.ParameterizedSampler(
             samplers.CategoricalSampler(rngs, 0.1, 2),
             (
@@ -141,9 +150,10 @@ DEFAULT_TIER = ("NormalTanhSampler", "CompositeSampler")
 def test_a_replay_or_an_eval_call_with_an_exact_entropy_draws_no_key_and_is_pure(name):
     for head in [_heads(nnx.Rngs(0))[name]]:  # a stream of its own
         inputs = _inputs(head)
+        built = _count(head)  # an autoregressive head's conditioners drew their weights
         rollout = head((), inputs)
         drawn = _count(head)
-        assert drawn == 2, name  # the sample's key and one more, as every head
+        assert drawn - built == 2, name  # the sample's key and one more, as every head
         extras = rollout.rollout_extras
 
         def loss(x, head=head, extras=extras):

@@ -44,6 +44,15 @@ def _parameterized():
     )
 
 
+def _autoregressive():
+    rngs = nnx.Rngs(0)
+    steps = {
+        "fire": samplers.CategoricalSampler(rngs, 0.01, 2),
+        "move": samplers.SquashedNormalSampler(rngs, 0.01, action_dim=A),
+    }
+    return samplers.AutoregressiveSampler(steps, features=2 * A, entropy_weight=0.01, rngs=rngs)
+
+
 # Each head and the width of its network output; the widths are shared where they can
 # be, so that the heads reuse each other's compiled operations.
 HEADS = {
@@ -63,6 +72,7 @@ HEADS = {
     ),
     "MultiBinarySampler": (lambda: samplers.MultiBinarySampler(nnx.Rngs(0), 0.01, 2 * A), 2 * A),
     "CompositeSampler": (_composite, 4 * A),
+    "AutoregressiveSampler": (_autoregressive, 2 * A),
     "ParameterizedSampler": (_parameterized, 2 + 4 * A),
     "DistributionSampler": (
         lambda: samplers.DistributionSampler(

@@ -1,0 +1,354 @@
+"""Sub-actions in order, each conditioned on the earlier ones: :class:`Autoregressive`.
+
+An action of named sub-actions ``a_1, ..., a_K`` (a unit, then what it does, then a
+target legal for both) whose probability factorises as ``p(a_1) p(a_2 | a_1) ...
+p(a_K | a_<K)``. Each sub-action's distribution is built by a *step*, a function of
+the earlier sub-actions' replay data (a discrete one's action, a squashed one's
+pre-image; see :mod:`samplers.distributions.replay`):
+
+- a sample draws the sub-actions in order, each from the key ``fold_in(key,
+  crc32(name))`` of its name, as :class:`samplers.Composite`'s parts;
+- a replay scores stored data *teacher-forced*: every step is built from the stored
+  data at once, with no sequential loop, and a sample's log-probability *is* the
+  replay of its data, so a stored copy reproduces it bit for bit;
+- ``entropy()`` and the KL are exact: the sum over sub-actions of the expected
+  conditional entropy (or KL), ``sum_k E[H(a_k | a_<k)]``, with the expectation over
+  every prefix enumerated and batched. That needs every sub-action but the last to
+  be discrete, and at most ``max_prefixes`` prefixes; otherwise
+  :meth:`Autoregressive.entropy_along` is the estimate from one prefix.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import distrax
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, PRNGKeyArray
+from tensorflow_probability.substrates import jax as tfp
+
+from samplers import _checks
+from samplers.distributions import _pre_images
+from samplers.distributions import replay as _replay
+from samplers.distributions.categorical import MaskedCategorical
+from samplers.distributions.composite import ordered_sum, part_key
+from samplers.distributions.discrete import MultiBinary, MultiDiscrete
+from samplers.distributions.replay import Replayable
+
+tfd = tfp.distributions
+
+# A step: the earlier sub-actions' replay data, by name, to this sub-action's distribution.
+Step = Callable[[dict[str, Any]], distrax.Distribution]
+
+
+class Autoregressive(distrax.Distribution, Replayable):
+    """Named sub-actions sampled in order, each conditioned on the earlier ones.
+
+    ``steps`` maps each sub-action's name, in order, to its step: a function of a
+    dict of the earlier sub-actions' replay data (``{}`` for the first) that returns
+    the sub-action's distribution, any ``distrax`` distribution of this package's
+    kinds (a masked discrete one, a squashed Normal, a Beta, a
+    :class:`samplers.Composite`). A step must also accept prefixes with one more
+    leading axis than the batch (the enumeration of :meth:`entropy` stacks the
+    prefixes there) and give distributions of that batch shape.
+
+    An action, a sample and the replay data are dicts by sub-action name;
+    ``log_prob`` is ``((l_1 + l_2) + l_3) ...`` in the given order, exactly that of
+    :meth:`replay_parts`. :meth:`deterministic_replay_data` takes the most probable
+    (or deterministic) sub-action at each step: greedy decoding, not the joint
+    mode. The KL to another ``Autoregressive`` over the same names, ``sum_k
+    E_p[KL(p_k(.|a_<k) || q_k(.|a_<k))]``, is registered with TFP and exact as
+    :meth:`entropy` is.
+
+    Args:
+        steps: The steps by name, in order (a dict with str keys).
+        max_prefixes: The most prefixes :meth:`entropy` and the KL enumerate.
+
+    Raises:
+        TypeError: ``steps`` is not a non-empty dict of callables with str keys, or
+            the first step returns no ``distrax`` distribution.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, samplers
+        >>> logits = jnp.array([[0.0, 1.0]])  # one state, two units
+        >>> legal = jnp.array([[True, False, False], [True, True, True]])  # unit 0 waits
+        >>> dist = samplers.Autoregressive({
+        ...     "unit": lambda prefix: samplers.MaskedCategorical(logits),
+        ...     "target": lambda prefix: samplers.MaskedCategorical(
+        ...         jnp.zeros(prefix["unit"].shape + (3,)), legal[prefix["unit"]]
+        ...     ),
+        ... })
+        >>> action, data, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
+        >>> bool(dist.replay(data)[1] == log_prob), dist.entropy()
+        (True, Array([1.3854], dtype=float32))
+    """
+
+    def __init__(self, steps: Mapping[str, Step], *, max_prefixes: int = 4096):
+        if not isinstance(steps, Mapping) or not steps:
+            raise TypeError(
+                f"Autoregressive takes a non-empty dict of steps by sub-action name, got "
+                f"{type(steps).__name__}; pass e.g. {{'unit': step_a, 'target': step_b}}."
+            )
+        for name, step in steps.items():
+            if not isinstance(name, str) or not callable(step):
+                raise TypeError(
+                    f"Autoregressive's steps must map str names to functions of the "
+                    f"earlier sub-actions' data, got {name!r}: {type(step).__name__}."
+                )
+        self._steps = dict(steps)
+        self._names = tuple(steps)
+        self.max_prefixes = _checks.positive_int("max_prefixes", max_prefixes)
+        self._first = self._build(0, {})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sub-actions' names, in order."""
+        return self._names
+
+    def _build(self, index: int, prefix: dict) -> distrax.Distribution:
+        name = self._names[index]
+        dist = self._steps[name](prefix)
+        if not isinstance(dist, distrax.Distribution):
+            raise TypeError(
+                f"step {name!r} must return a distrax distribution, got {type(dist).__name__}."
+            )
+        return dist
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self._first.batch_shape)
+
+    @property
+    def event_shape(self) -> dict[str, tuple[int, ...]]:
+        """Each sub-action's event shape, by name."""
+        shapes = jax.eval_shape(lambda: self.replay(self.deterministic_replay_data())[0])
+        return {name: shapes[name].shape[len(self.batch_shape) :] for name in self._names}
+
+    @property
+    def dtype(self) -> dict[str, Any]:
+        """Each sub-action's dtype, by name."""
+        shapes = jax.eval_shape(lambda: self.replay(self.deterministic_replay_data())[0])
+        return {name: shapes[name].dtype for name in self._names}
+
+    def step_distributions(self, replay_data: dict) -> dict[str, distrax.Distribution]:
+        """Each sub-action's distribution given the stored earlier ones (teacher forcing)."""
+        dists = {self._names[0]: self._first}
+        for index, name in enumerate(self._names[1:], start=1):
+            dists[name] = self._build(index, _prefix(self._names, replay_data, index))
+        return dists
+
+    # The replay protocol.
+
+    def _draw(self, choose: Callable) -> dict:
+        data: dict = {}
+        for index, name in enumerate(self._names):
+            dist = self._first if index == 0 else self._build(index, dict(data))
+            data[name] = choose(name, dist)
+        return data
+
+    def sample_replay_data(self, *, seed) -> dict:
+        """Each sub-action's replay data, drawn in order from the key of its name."""
+        seed = _replay.integer_seed(seed)
+        return self._draw(lambda name, d: _replay.sample_replay_data(d, part_key(seed, (name,))))
+
+    def deterministic_replay_data(self) -> dict:
+        """Greedy: each sub-action's deterministic data given the earlier ones."""
+        return self._draw(lambda _, d: _replay.deterministic_replay_data(d))
+
+    def replay_parts(self, replay_data: dict) -> tuple[dict, dict]:
+        """``(action, log_probs)``: each sub-action and its conditional log-probability."""
+        pairs = {
+            name: _replay.replay(dist, replay_data[name])
+            for name, dist in self.step_distributions(replay_data).items()
+        }
+        return {n: a for n, (a, _) in pairs.items()}, {n: lp for n, (_, lp) in pairs.items()}
+
+    def replay(self, replay_data: dict) -> tuple[dict, Array]:
+        """The sub-actions and the sum of their log-probabilities, teacher-forced."""
+        action, log_probs = self.replay_parts(replay_data)
+        return action, ordered_sum(list(log_probs.values()))
+
+    def check_replay_data(self, replay_data: Any) -> dict:
+        """Each sub-action's data checked by its step's distribution; refuses data that is
+        not a dict by sub-action name."""
+        if not isinstance(replay_data, Mapping) or set(replay_data) != set(self._names):
+            got = sorted(replay_data) if isinstance(replay_data, Mapping) else replay_data
+            raise ValueError(
+                f"rollout_extras must be a dict with the sub-actions {list(self._names)}, got "
+                f"{type(replay_data).__name__} {got}; pass the rollout_extras of the "
+                f"rollout call."
+            )
+        checked: dict = {}
+        for index, name in enumerate(self._names):
+            dist = self._first if index == 0 else self._build(index, dict(checked))
+            checked[name] = _replay.check_replay_data(dist, replay_data[name])
+        return checked
+
+    # distrax's methods.
+
+    def _sample_n(self, key: PRNGKeyArray, n: int) -> dict:
+        def one(key):
+            return self.replay(self.sample_replay_data(seed=key))[0]
+
+        if n == 1:  # sample(seed=key) is the action of sample_replay_data(seed=key)
+            return jax.tree.map(lambda x: x[None], one(key))
+        return jax.vmap(one)(jax.random.split(key, n))
+
+    def log_prob(self, value: dict) -> Array:
+        """``sum_k log p(a_k | a_<k)`` of actions by name, in order.
+
+        A squashed sub-action conditions the later ones through its pre-image: the
+        one a sample remembers, else the inverse of the action (infinite on a bound;
+        store and :meth:`replay` the data instead).
+        """
+        if not isinstance(value, Mapping) or set(value) != set(self._names):
+            raise ValueError(
+                f"value must be a dict with the sub-actions {list(self._names)}, got "
+                f"{type(value).__name__}."
+            )
+        data: dict = {}
+        log_probs = []
+        for index, name in enumerate(self._names):
+            dist = self._first if index == 0 else self._build(index, dict(data))
+            log_probs.append(jnp.asarray(dist.log_prob(value[name])))
+            data[name] = _data_of_action(dist, value[name])
+        return ordered_sum(log_probs)
+
+    def entropy(self) -> Array:
+        """``H(a) = sum_k E[H(a_k | a_<k)]``, exact: every prefix enumerated, batched.
+
+        Raises:
+            NotImplementedError: a sub-action before the last is not discrete, or the
+                prefixes number more than ``max_prefixes``.
+        """
+        return self._expected(lambda p, _: jnp.asarray(p.entropy()), None, "entropy")
+
+    def entropy_along(self, replay_data: dict) -> Array:
+        """``sum_k H(a_k | a_<k)`` along the stored prefix: for a sample of this
+        distribution an unbiased estimate of :meth:`entropy`, with no extra key.
+
+        Its variance is that of the conditional entropies over prefixes (zero when
+        they do not depend on the prefix); scoring another policy's prefix (the
+        rollout's, in a loss pass) biases it by how far the two policies differ.
+        """
+        return ordered_sum(list(self.conditional_entropies(replay_data).values()))
+
+    def conditional_entropies(self, replay_data: dict) -> dict[str, Array]:
+        """Each sub-action's entropy given the stored earlier ones, by name."""
+        dists = self.step_distributions(replay_data)
+        return {name: jnp.asarray(dist.entropy()) for name, dist in dists.items()}
+
+    def _expected(self, term: Callable, other: "Autoregressive | None", what: str) -> Array:
+        """``sum_k E_{a_<k ~ self}[term(p_k, q_k)]`` over every prefix, batched."""
+        prefix: dict = {}  # each leaf [P, *batch, ...] after the first sub-action
+        log_weight: Any = None  # log p(prefix), [P, *batch]
+        total = jnp.zeros(())
+        last = len(self._names) - 1
+        for index, name in enumerate(self._names):
+            p = self._first if index == 0 else self._build(index, prefix)
+            q = None
+            if other is not None:
+                q = other._first if index == 0 else other._build(index, prefix)
+            if log_weight is not None:
+                possible = log_weight > -jnp.inf
+                p, q = _finite_where_impossible(p, possible), _finite_where_impossible(q, possible)
+            value = term(p, q)
+            if log_weight is None:
+                total = value  # the first sub-action's, from the one empty prefix
+            else:
+                weight = jnp.exp(log_weight)
+                total = total + jnp.sum(jnp.where(weight > 0, weight * value, 0.0), axis=0)
+            if index == last:
+                break
+            values = support(p)
+            count = 1 if log_weight is None else int(jnp.shape(log_weight)[0])
+            if values is None or count * values.shape[0] > self.max_prefixes:
+                reason = (
+                    f"sub-action {name!r} ({type(p).__name__}) is not discrete (a "
+                    f"categorical, multi-discrete or multi-binary one)"
+                    if values is None
+                    else f"the prefixes up to {name!r} number {count * values.shape[0]}"
+                )
+                raise NotImplementedError(
+                    f"the exact {what} enumerates the prefixes of every sub-action but the "
+                    f"last, at most max_prefixes={self.max_prefixes} of them, and {reason}; "
+                    f"use entropy_along(replay_data), the estimate from one prefix (the "
+                    f"head's entropy='along_sample'), or raise max_prefixes."
+                )
+            prefix, log_weight = _extend(prefix, log_weight, name, p, values)
+        return jnp.asarray(total)
+
+
+def _prefix(names: tuple[str, ...], data: dict, index: int) -> dict:
+    return {name: data[name] for name in names[:index]}
+
+
+def support(dist: distrax.Distribution) -> Array | None:
+    """Every value of a discrete distribution's event, ``[S, *event]``, or ``None``."""
+    if isinstance(dist, MultiDiscrete):
+        grids = jnp.meshgrid(*(jnp.arange(n) for n in dist.nvec), indexing="ij")
+        return jnp.stack([g.reshape(-1) for g in grids], -1)
+    if isinstance(dist, MultiBinary):
+        bits = dist.event_shape[0]
+        codes = jnp.arange(2**bits)
+        return (codes[:, None] >> jnp.arange(bits)) & 1
+    if isinstance(dist, distrax.Categorical):
+        return jnp.arange(dist.num_categories)
+    return None
+
+
+def _extend(prefix: dict, log_weight, name: str, dist, support: Array):
+    """The prefixes times every value of ``name``: index ``s * P + p`` for the ``s``-th
+    value after the ``p``-th prefix; and their log-probabilities."""
+    lead = tuple(dist.batch_shape)
+    size = support.shape[0]
+    event = support.shape[1:]
+    values = jnp.broadcast_to(
+        support.reshape(size, *(1,) * len(lead), *event), (size, *lead, *event)
+    )
+    log_probs = jax.vmap(dist.log_prob)(values)  # [S, *lead]
+    if log_weight is None:
+        return {name: values}, log_probs
+    count = log_weight.shape[0]
+
+    def flat(x):
+        return x.reshape(size * count, *x.shape[2:])
+
+    extended = {n: flat(jnp.broadcast_to(x[None], (size, *x.shape))) for n, x in prefix.items()}
+    extended[name] = flat(values)
+    return extended, flat(log_weight[None] + log_probs)
+
+
+def _finite_where_impossible(dist, possible):
+    """A categorical whose rows at impossible prefixes (probability 0) allow every
+    action: they weigh nothing, and a row without an allowed action there would
+    otherwise put NaN into the gradient through the zero weight."""
+    if not isinstance(dist, MaskedCategorical):
+        return dist
+    mask = jnp.where(possible[..., None], dist.mask, True)
+    logits = jnp.where(possible[..., None], dist.logits, 0.0)
+    return MaskedCategorical(logits, mask, dtype=dist.dtype)
+
+
+def _data_of_action(dist: distrax.Distribution, action) -> Any:
+    """The replay data that conditions the later sub-actions, for a given action."""
+    if isinstance(dist, _replay.PreImageReplay):
+        recalled = _pre_images.PRE_IMAGES.recall(action, dist._elementwise)
+        return dist.bijector.inverse(action) if recalled is None else recalled
+    return action
+
+
+def _autoregressive_kl(p: Autoregressive, q: Autoregressive, *_, **__) -> Array:
+    if p.names != q.names:
+        raise ValueError(
+            f"p and q must have the same sub-actions in the same order, got {list(p.names)} "
+            f"and {list(q.names)}."
+        )
+
+    def term(p_k, q_k):
+        return jnp.asarray(p_k.kl_divergence(q_k))
+
+    return p._expected(term, q, "KL divergence")
+
+
+tfd.RegisterKL(Autoregressive, Autoregressive)(_autoregressive_kl)

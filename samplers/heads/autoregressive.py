@@ -1,0 +1,323 @@
+"""The autoregressive head: sub-actions in order, each conditioned on the earlier ones.
+
+:class:`AutoregressiveSampler` is the shell of :class:`samplers.ActionSampler` around
+a :class:`samplers.Autoregressive` distribution whose steps are small NNX
+conditioners, owned by the head: each maps the network's features and the earlier
+sub-actions to the parameters of one sub-action's head.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import distrax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+from samplers import _checks
+from samplers.distributions import replay
+from samplers.distributions.autoregressive import Autoregressive, support
+from samplers.distributions.bijectors import squashing
+from samplers.distributions.composite import Composite, leaves, ordered_sum, spec_of
+from samplers.distributions.discrete import MultiBinary, MultiDiscrete
+from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.composite import part_size
+
+
+class _Conditioner(nnx.Module):
+    """The default conditioner: ``Linear -> tanh -> Linear``, the last layer scaled by
+    0.01 at initialisation so that every sub-action starts near its head's zero input."""
+
+    def __init__(self, in_features: int, out_features: int, rngs: nnx.Rngs, hidden: int = 64):
+        self.hidden = nnx.Linear(in_features, hidden, rngs=rngs)
+        self.out = nnx.Linear(hidden, out_features, rngs=rngs)
+        self.out.kernel[...] = 0.01 * self.out.kernel[...]
+
+    def __call__(self, x: Float[Array, "*batch features"]) -> Float[Array, "*batch params"]:
+        return self.out(jnp.tanh(self.hidden(x)))
+
+
+class AutoregressiveSampler(ActionSampler):
+    """Sub-actions in order, each conditioned on the network features and the earlier ones.
+
+    ``steps`` maps each sub-action's name, in order, to the head that turns its
+    parameters into its distribution: any head of this library with
+    ``num_params`` (a masked discrete head, a squashed Normal with ``action_dim``, a
+    Beta, a composite). The network output ``inputs`` is a feature vector ``[*batch,
+    features]``; sub-action ``k``'s parameters are ``conditioners[k](concat(features,
+    e_1, ..., e_{k-1}))``, where ``e_j`` is the embedding of sub-action ``j``'s
+    replay data:
+
+    - a discrete sub-action: one-hot (one per sub-action of a ``MultiDiscrete``,
+      the bits of a ``MultiBinary``); the conditioner's first linear layer makes it a
+      learned embedding (one column per choice);
+    - a squashed one: ``tanh(x / k)`` of its pre-image ``x``, the action rescaled to
+      ``[-1, 1]`` (``k`` its squashing's pre-image scale; an unsquashed one: ``x``);
+    - a composite: its parts' embeddings, concatenated in the parts' order.
+
+    Because the conditioners read the stored data, not the actions computed from it,
+    a replay builds every sub-action's distribution at once (teacher forcing), with
+    no sequential loop, and reproduces the rollout's log-likelihood bit for bit for
+    the same inputs, masks and batch shape.
+
+    Output: ``{"action": {name: ...}, "log_likelihood": the sum [*batch],
+    "log_likelihoods": {name: log p(a_k | a_<k)}}``; ``rollout_extras`` the
+    sub-actions' replay data by name. ``mask`` is a dict by sub-action name; each
+    entry an array for that sub-action's head, or a function of the earlier
+    sub-actions' replay data (a dict by name; a discrete one's is its action) that
+    returns it, e.g. ``lambda prefix: legal_targets_of[prefix["unit"]]`` written
+    for batch-shaped arrays (the enumeration maps it over its prefixes).
+    ``deterministic`` (``eval()``) takes the most probable sub-action at each step,
+    given the earlier ones: greedy decoding, not the joint mode.
+
+    The entropy cost is ``-entropy_weight * H``: with ``entropy="exact"`` the joint
+    entropy ``sum_k E[H(a_k | a_<k)]``, every prefix of the sub-actions before the
+    last enumerated (they must be discrete, at most ``max_prefixes`` prefixes);
+    with ``"along_sample"`` the sum of the exact conditional entropies along the
+    sampled (rollout) or stored (replay) prefix, an estimate unbiased for a fresh
+    sample, drawing no key (see :meth:`samplers.Autoregressive.entropy_along`). Metrics:
+    ``"<name>/log_likelihood"`` and ``"<name>/entropy"`` (the conditional entropy
+    along the prefix) per sub-action.
+
+    The step heads give only their distribution: their streams, entropy weights,
+    ``deterministic`` flags and ``reparameterized`` options are this head's. Keys
+    are drawn as by every head and given to each sub-action by its name, as
+    :class:`CompositeSampler` gives its parts theirs.
+
+    Args:
+        steps: The sub-actions' heads by name, in order.
+        features: The width of the network output.
+        entropy_weight: Weight of the entropy bonus.
+        rngs: The stream, and the conditioners' initial parameters.
+        conditioners: Optional modules by name, each mapping ``[*, features +
+            embeddings so far]`` to ``[*, steps[name].num_params]``; the others are a
+            ``Linear -> tanh -> Linear`` of width ``hidden``, its last layer
+            scaled by 0.01 at initialisation (every sub-action starts near its head's
+            zero input).
+        hidden: The default conditioners' hidden width.
+        entropy: ``"exact"`` or ``"along_sample"``.
+        max_prefixes: The most prefixes the exact entropy enumerates.
+        reparameterized: If True, a fresh sample keeps its pathwise gradient (through
+            the later sub-actions' conditioning too).
+        per_env_streams: One key per environment in the state.
+        rng_collection: The stream the keys are drawn from.
+
+    Raises:
+        TypeError: ``steps`` is not a non-empty dict of heads, or an option is of the
+            wrong kind.
+        ValueError: ``entropy="exact"`` with a sub-action before the last that is not
+            discrete or too many prefixes, or an unknown ``entropy``.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from flax import nnx
+        >>> rngs = nnx.Rngs(0)
+        >>> head = samplers.AutoregressiveSampler(
+        ...     {"unit": samplers.CategoricalSampler(rngs, 0.0, num_actions=2),
+        ...      "target": samplers.CategoricalSampler(rngs, 0.0, num_actions=3)},
+        ...     features=8, entropy_weight=0.01, rngs=rngs,
+        ... )
+        >>> legal = jnp.array([[True, False, False], [True, True, True]])  # unit 0 waits
+        >>> mask = {"target": lambda prefix: legal[prefix["unit"]]}
+        >>> out = head((), jnp.ones((4, 8)), mask=mask)
+        >>> again = head((), jnp.ones((4, 8)), out.rollout_extras, mask=mask)
+        >>> bool(jnp.all(again.output["log_likelihood"] == out.output["log_likelihood"]))
+        True
+    """
+
+    takes_mask = True
+
+    def __init__(
+        self,
+        steps: Mapping[str, ActionSampler],
+        *,
+        features: int,
+        entropy_weight: float,
+        rngs: nnx.Rngs,
+        conditioners: Mapping[str, Callable] | None = None,
+        hidden: int = 64,
+        entropy: Literal["exact", "along_sample"] = "exact",
+        max_prefixes: int = 4096,
+        reparameterized: bool = False,
+        per_env_streams: bool = False,
+        rng_collection: str = "action",
+    ):
+        if not isinstance(steps, Mapping) or not steps or not all(map(_is_str, steps)):
+            raise TypeError(
+                f"AutoregressiveSampler takes a non-empty dict of heads by sub-action name, "
+                f"got {type(steps).__name__}; pass e.g. {{'unit': head_a, 'target': head_b}}."
+            )
+        self.features = _checks.positive_int("features", features)
+        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        if entropy not in ("exact", "along_sample"):
+            raise ValueError(f"entropy must be 'exact' or 'along_sample', got {entropy!r}.")
+        self.entropy = entropy
+        self.max_prefixes = _checks.positive_int("max_prefixes", max_prefixes)
+        self.reparameterized = bool(reparameterized)
+        self._names = tuple(steps)
+        self.steps = nnx.data(dict(steps))
+        self._sizes = tuple(part_size("AutoregressiveSampler", (n,), steps[n]) for n in self._names)
+        # Each sub-action's embedding of its replay data, from its head's distribution.
+        self._embedders = tuple(_embedder(steps[n], size) for n, size in self._steps())
+        widths = [jax.eval_shape(e, d).shape[-1] for e, d in self._embedders]
+        conditioners = dict(conditioners or {})
+        unknown = sorted(set(conditioners) - set(self._names))
+        if unknown:
+            raise ValueError(
+                f"conditioners has names {unknown} that are no sub-actions {list(self._names)}."
+            )
+        self.conditioners = nnx.data(
+            {
+                name: conditioners.get(name)
+                or _Conditioner(self.features + sum(widths[:k]), size, rngs, hidden)
+                for k, (name, size) in enumerate(self._steps())
+            }
+        )
+        self._init_stream(rngs, rng_collection, per_env_streams)
+        if entropy == "exact":
+            self._check_enumerable()
+
+    def _steps(self) -> list[tuple[str, int]]:
+        return list(zip(self._names, self._sizes, strict=True))
+
+    @property
+    def num_params(self) -> int:
+        """``features``: the width of the network output."""
+        return self.features
+
+    def _check_enumerable(self) -> None:
+        """Refuses ``entropy="exact"`` where it cannot be computed."""
+        count = 1
+        for name, size in self._steps()[:-1]:
+            head = self.steps[name]
+            values = jax.eval_shape(lambda h=head, n=size: support(h.distribution(_zeros(n))))
+            if values is None:
+                raise ValueError(
+                    f"entropy='exact' enumerates the sub-actions before the last, and "
+                    f"{name!r} ({type(head).__name__}) is not discrete (a categorical, "
+                    f"multi-discrete or multi-binary head); pass entropy='along_sample', or "
+                    f"make it the last sub-action."
+                )
+            count *= values.shape[0]
+        if count > self.max_prefixes:
+            raise ValueError(
+                f"entropy='exact' would enumerate {count} prefixes, more than "
+                f"max_prefixes={self.max_prefixes}; pass entropy='along_sample' or a larger "
+                f"max_prefixes."
+            )
+
+    def _distribution(self, inputs, mask) -> Autoregressive:
+        features = _checks.float_parameters("inputs", inputs)
+        self._check_width(features, "features", "head.num_params, the features")
+        masks = self._masks(mask)
+        batch = features.shape[:-1]
+        steps = {
+            name: self._step(k, features, masks[k], batch) for k, name in enumerate(self._names)
+        }
+        return Autoregressive(steps, max_prefixes=self.max_prefixes)
+
+    def _step(self, k: int, features, mask, batch):
+        name = self._names[k]
+        head, conditioner = self.steps[name], self.conditioners[name]
+        earlier = self._names[:k]
+
+        def step(prefix: dict) -> distrax.Distribution:
+            embeddings = [self._embedders[j][0](prefix[n]) for j, n in enumerate(earlier)]
+            lead = embeddings[0].shape[:-1] if embeddings else batch
+            x = jnp.broadcast_to(features, (*lead, features.shape[-1]))
+            x = jnp.concatenate([x, *(e.astype(x.dtype) for e in embeddings)], -1)
+            part_mask = mask
+            if callable(mask):  # prefixes stacked in front of the batch are mapped over
+                part_mask = jax.vmap(mask)(prefix) if len(lead) > len(batch) else mask(prefix)
+            elif mask is not None:
+                part_mask = jnp.broadcast_to(mask, (*lead, *jnp.shape(mask)[len(batch) :]))
+            return head.distribution(conditioner(x), part_mask)
+
+        return step
+
+    def _masks(self, mask) -> list:
+        if mask is None:
+            return [None] * len(self._names)
+        if not isinstance(mask, Mapping):
+            raise TypeError(
+                f"AutoregressiveSampler's mask is a dict by sub-action name, got "
+                f"{type(mask).__name__}; pass e.g. {{'target': legal_targets}}."
+            )
+        unknown = sorted(set(mask) - set(self._names))
+        if unknown:
+            raise ValueError(
+                f"mask has names {unknown} that are no sub-actions {list(self._names)}."
+            )
+        return [mask.get(name) for name in self._names]
+
+    def _replay(self, dist: Autoregressive, data) -> tuple[dict, dict]:
+        action, log_likelihoods = dist.replay_parts(data)
+        output = {
+            "action": action,
+            "log_likelihood": ordered_sum(list(log_likelihoods.values())),
+            "log_likelihoods": log_likelihoods,
+        }
+        return output, dist.conditional_entropies(data)
+
+    def _regularization(self, dist: Autoregressive, key, data) -> Array:
+        if self.entropy == "exact":
+            return -self.entropy_weight * dist.entropy()
+        return -self.entropy_weight * dist.entropy_along(data)
+
+    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
+        """Each sub-action's log-likelihood and conditional entropy along the prefix."""
+        metrics = {}
+        for name in self._names:
+            metrics[f"{name}/log_likelihood"] = output["log_likelihoods"][name]
+            metrics[f"{name}/entropy"] = own[name]
+        return metrics
+
+
+def _is_str(name) -> bool:
+    return isinstance(name, str)
+
+
+def _embedder(head: ActionSampler, size: int) -> tuple[Callable, Any]:
+    """``(embed, data)``: the embedding of the head's replay data, and a stand-in for
+    its data (shape and dtype), from the head's distribution of a zero input."""
+    found: list = []
+
+    def example():
+        dist = head.distribution(_zeros(size))
+        found.append(_embedding(dist))
+        return replay.deterministic_replay_data(dist)
+
+    data = jax.eval_shape(example)
+    return found[0], data
+
+
+def _embedding(dist: distrax.Distribution) -> Callable:
+    """The embedding of ``dist``'s replay data, from its kind alone (no parameters)."""
+    if isinstance(dist, MultiDiscrete):
+        nvec = dist.nvec
+        return lambda a: jnp.concatenate(
+            [jax.nn.one_hot(a[..., i], n) for i, n in enumerate(nvec)], -1
+        )
+    if isinstance(dist, MultiBinary):
+        return lambda a: jnp.asarray(a, jnp.float32)
+    if isinstance(dist, distrax.Categorical):
+        count = dist.num_categories
+        return lambda a: jax.nn.one_hot(a, count)
+    if isinstance(dist, Composite):
+        spec = spec_of(dist.parts)
+        parts = [_embedding(part) for part in leaves(spec, dist.parts, "parts", "Composite")]
+        return lambda data: jnp.concatenate(
+            [e(x) for e, x in zip(parts, leaves(spec, data, "data", "Composite"), strict=True)],
+            -1,
+        )
+    if isinstance(dist, replay.PreImageReplay):
+        bounds = squashing(dist.bijector)
+        if bounds is not None:
+            scale = bounds.pre_image_scale
+            return lambda x: jnp.tanh(x / scale)
+    return lambda x: jnp.asarray(x)
+
+
+def _zeros(size: int) -> Array:
+    return jnp.zeros((1, size))

@@ -1,0 +1,196 @@
+"""``samplers.AutoregressiveSampler``: the shell around ``samplers.Autoregressive``, its
+conditioners, masks that depend on the earlier sub-actions, and its entropy cost."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+from tests._tiers import slow
+
+B, F = 6, 5
+# Unit 0 may only wait (target 0); units 1 and 2 may go anywhere but target 3 for unit 2.
+LEGAL = jnp.array([[True, False, False, False], [True] * 4, [True, True, True, False]])
+
+
+def _legal_targets(prefix):
+    return LEGAL[prefix["unit"]]
+
+
+def _head(entropy="exact", move=True):
+    """A unit, a target legal for it, and (with ``move``) a squashed Normal move."""
+    rngs = nnx.Rngs(0)
+    steps = {
+        "unit": samplers.CategoricalSampler(rngs, 0.0, num_actions=3),
+        "target": samplers.CategoricalSampler(rngs, 0.0, num_actions=4),
+    }
+    if move:
+        steps["move"] = samplers.SquashedNormalSampler(rngs, 0.0, action_dim=2)
+    return samplers.AutoregressiveSampler(
+        steps, features=F, entropy_weight=0.1, rngs=rngs, entropy=entropy
+    )
+
+
+def _features(seed=1):
+    return jax.random.normal(jax.random.key(seed), (B, F))
+
+
+MASK = {
+    "unit": jnp.array([[False, True, True]] * 3 + [[True, True, True]] * 3),
+    "target": _legal_targets,
+}
+
+
+@pytest.mark.parametrize("entropy", ["exact", slow("along_sample")])
+def test_replay_reproduces_the_rollout_bit_for_bit_and_the_cost_is_the_distributions(entropy):
+    head = _head(entropy)
+    x = _features()
+
+    @nnx.jit
+    def rollout(head, x):
+        return head((), x, mask=MASK)
+
+    @nnx.jit
+    def loss_pass(head, x, extras):
+        return head((), x, extras, mask=MASK)
+
+    out = rollout(head, x)
+    stored = jax.tree.map(np.asarray, out.rollout_extras)
+    again = loss_pass(head, x, stored)
+    np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
+    for name in ("unit", "target"):
+        np.testing.assert_array_equal(again.output["action"][name], out.output["action"][name])
+    action = out.output["action"]
+    assert np.all(action["unit"][:3] != 0)  # masked units
+    assert np.all(LEGAL[action["unit"], action["target"]])  # legal for the chosen unit
+
+    @jax.jit
+    def expected_entropy(x, stored):
+        dist = head.distribution(x, mask=MASK)
+        return dist.entropy() if entropy == "exact" else dist.entropy_along(stored)
+
+    expected = expected_entropy(x, stored)
+    np.testing.assert_allclose(again.regularization_loss, -0.1 * expected, rtol=1e-6)
+    parts = again.output["log_likelihoods"]
+    np.testing.assert_array_equal(
+        (parts["unit"] + parts["target"]) + parts["move"], again.output["log_likelihood"]
+    )
+    assert set(again.metrics) == {
+        f"{n}/{m}" for n in ("unit", "target", "move") for m in ("log_likelihood", "entropy")
+    }
+
+
+def test_masked_choices_get_exactly_zero_gradient_and_the_replay_draws_no_key():
+    head = _head(move=False)
+    x = _features()
+    out = nnx.jit(lambda head, x: head((), x, mask=MASK))(head, x)
+    count = sum(int(c) for c in jax.tree.leaves(nnx.state(head, nnx.RngCount)))
+
+    def loss(head, x, extras):
+        out = head((), x, extras, mask=MASK)
+        return jnp.mean(out.output["log_likelihood"]) + jnp.mean(out.regularization_loss)
+
+    grads = nnx.jit(nnx.grad(loss))(head, x, out.rollout_extras)
+    assert sum(int(c) for c in jax.tree.leaves(nnx.state(head, nnx.RngCount))) == count
+    leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
+    assert all(np.all(np.isfinite(g)) for g in leaves)
+
+    # The unit conditioner's output column for unit 0, forbidden in rows 0 to 2, gets
+    # gradient from rows 3 to 5 only: with those rows forbidden too, exactly zero.
+    all_forbidden = {**MASK, "unit": jnp.broadcast_to(jnp.array([False, True, True]), (B, 3))}
+
+    def masked_loss(head, x):
+        out = head((), x, jax.tree.map(jnp.asarray, rollout), mask=all_forbidden)
+        return jnp.mean(out.output["log_likelihood"]) + jnp.mean(out.regularization_loss)
+
+    rollout = nnx.jit(lambda head, x: head((), x, mask=all_forbidden))(head, x).rollout_extras
+    grads = nnx.jit(nnx.grad(masked_loss))(head, x)
+    bias = grads.conditioners["unit"].out.bias[...]
+    kernel = grads.conditioners["unit"].out.kernel[...]
+    assert bias[0] == 0 and np.all(kernel[:, 0] == 0)
+    assert np.all(bias[1:] != 0)
+
+
+@pytest.mark.slow
+def test_greedy_eval_takes_the_most_probable_sub_action_at_each_step():
+    head = _head()
+    x = _features()
+    head.eval()
+    out = nnx.jit(lambda head, x: head((), x, mask=MASK))(head, x)
+    dist = head.distribution(x, mask=MASK)
+    steps = dist.step_distributions(out.rollout_extras)
+    np.testing.assert_array_equal(out.output["action"]["unit"], jnp.argmax(steps["unit"].probs, -1))
+    np.testing.assert_array_equal(
+        out.output["action"]["target"], jnp.argmax(steps["target"].probs, -1)
+    )
+    np.testing.assert_array_equal(out.output["action"]["move"], jnp.tanh(steps["move"].loc))
+
+
+@pytest.mark.slow
+def test_reparameterized_keeps_the_pathwise_gradient_through_the_later_sub_actions():
+    rngs = nnx.Rngs(0)
+    steps = {
+        "move": samplers.SquashedNormalSampler(rngs, 0.0, action_dim=2),
+        "fire": samplers.CategoricalSampler(rngs, 0.0, num_actions=2),
+    }
+    x = _features()
+
+    def expected_fire(x, head):
+        out = head((), x)
+        probs = head.distribution(x).step_distributions(out.rollout_extras)["fire"].probs
+        return jnp.sum(probs[:, 1]) + jnp.sum(out.output["action"]["move"])
+
+    for reparameterized in (False, True):
+        head = samplers.AutoregressiveSampler(
+            steps,
+            features=F,
+            entropy_weight=0.0,
+            rngs=nnx.Rngs(0),
+            entropy="along_sample",
+            reparameterized=reparameterized,
+        )
+        # A clone for each call: the same keys every time.
+        grad = jax.grad(lambda x, head=head: expected_fire(x, nnx.clone(head)))(x)
+        step = 1e-2
+        e = jnp.zeros_like(x).at[0, 0].set(step)
+        fd = (expected_fire(x + e, nnx.clone(head)) - expected_fire(x - e, nnx.clone(head))) / (
+            2 * step
+        )
+        if reparameterized:
+            np.testing.assert_allclose(grad[0, 0], fd, rtol=2e-2, atol=1e-4)
+        else:
+            assert abs(grad[0, 0] - fd) > 1e-3  # the sample's path is cut
+
+
+def test_bad_options_and_masks_are_refused_by_name():
+    rngs = nnx.Rngs(0)
+    move_first = {
+        "move": samplers.SquashedNormalSampler(rngs, 0.0, action_dim=2),
+        "fire": samplers.CategoricalSampler(rngs, 0.0, num_actions=2),
+    }
+    with pytest.raises(
+        ValueError, match=r"'move' .* is not discrete .*; pass entropy='along_sample'"
+    ):
+        samplers.AutoregressiveSampler(move_first, features=F, entropy_weight=0.1, rngs=rngs)
+    with pytest.raises(ValueError, match="enumerate 3 prefixes, more than max_prefixes=2"):
+        _head_with(max_prefixes=2)
+    with pytest.raises(TypeError, match="non-empty dict of heads"):
+        samplers.AutoregressiveSampler([], features=F, entropy_weight=0.1, rngs=rngs)
+    head = _head()
+    with pytest.raises(ValueError, match=r"mask has names \['tgt'\]"):
+        head((), _features(), mask={"tgt": LEGAL})
+    with pytest.raises(ValueError, match="expects features of shape"):
+        head((), jnp.zeros((B, F + 1)))
+
+
+def _head_with(**options):
+    rngs = nnx.Rngs(0)
+    steps = {
+        "unit": samplers.CategoricalSampler(rngs, 0.0, num_actions=3),
+        "target": samplers.CategoricalSampler(rngs, 0.0, num_actions=4),
+    }
+    return samplers.AutoregressiveSampler(
+        steps, features=F, entropy_weight=0.1, rngs=rngs, **options
+    )
