@@ -109,8 +109,8 @@ def _oracle_kl(p_params, q_params):
 def test_exact_entropy_and_kl_and_their_gradients_match_float64_enumeration(dtype):
     with jax.enable_x64(True):
         params, others = _params(0, dtype), _params(1, dtype)
-        entropy = _distribution(params).entropy()  # eager, as below jitted
-        kl = _distribution(params).kl_divergence(_distribution(others))
+        entropy = jax.jit(lambda p: _distribution(p).entropy())(params)
+        kl = jax.jit(lambda p, q: _distribution(p).kl_divergence(_distribution(q)))(params, others)
         grad_entropy = jax.jit(jax.grad(lambda p: jnp.sum(_distribution(p).entropy())))(params)
         grad_kl = jax.jit(
             jax.grad(

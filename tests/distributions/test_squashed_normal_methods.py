@@ -134,15 +134,10 @@ def _idiom(bijector, k, key, use_sample_and_log_prob):
     return loss
 
 
-FRESH_SAMPLE_DEFAULTS = {
-    ("samplers.Tanh", "vmap"),
-    ("distrax.Tanh", "jit"),
-    ("BoundedTanh[-2,3]", "jit"),
-}
+FRESH_SAMPLE_DEFAULTS = {("BoundedTanh[-2,3]", "vmap")}
 
 
-# Under vmap for samplers.Tanh and under jit for distrax's Tanh and the bounds by
-# default; the rest of the product in the slow tier.
+# Vector bounds under vmap by default; the rest of the product in the slow tier.
 @pytest.mark.parametrize(
     "bijector, k, transform",
     [

@@ -82,6 +82,7 @@ def test_replay_reproduces_the_rollout_bit_for_bit_and_the_cost_is_the_distribut
     }
 
 
+@pytest.mark.slow
 def test_masked_choices_get_exactly_zero_gradient_and_the_replay_draws_no_key():
     head = _head(move=False)
     x = _features()
@@ -194,3 +195,22 @@ def _head_with(**options):
     return samplers.AutoregressiveSampler(
         steps, features=F, entropy_weight=0.1, rngs=rngs, **options
     )
+
+
+@pytest.mark.slow
+def test_per_env_streams_draw_each_environment_alike_however_the_batch_is_split():
+    rngs = nnx.Rngs(0)
+    steps = {
+        "unit": samplers.CategoricalSampler(rngs, 0.0, 3, per_env_streams=True),
+        "move": samplers.SquashedNormalSampler(rngs, 0.0, action_dim=2, per_env_streams=True),
+    }
+    head = samplers.AutoregressiveSampler(
+        steps, features=F, entropy_weight=0.1, rngs=rngs, per_env_streams=True
+    )
+    keys = head.initialize_state(B)
+    x = _features()
+    whole, tail = head(keys, x), head(keys[2:], x[2:])
+    for name in ("unit", "move"):
+        np.testing.assert_array_equal(whole.output["action"][name][2:], tail.output["action"][name])
+    again = head(whole.next_state, x, whole.rollout_extras)
+    np.testing.assert_array_equal(again.output["log_likelihood"], whole.output["log_likelihood"])

@@ -142,7 +142,7 @@ def test_a_float_action_stored_for_a_categorical_is_refused(jitted):
 
 
 # float16 takes bfloat16's path: slow.
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bfloat16, slow(jnp.float16)])
+@pytest.mark.parametrize("dtype", [jnp.int32, slow(jnp.bfloat16), slow(jnp.float16)])
 @pytest.mark.parametrize("jitted", JIT_MODES)
 def test_an_integer_or_lower_precision_action_stored_for_a_beta_is_refused(dtype, jitted):
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, _beta)
