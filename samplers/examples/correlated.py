@@ -130,7 +130,7 @@ def make_head(kind: str, entropy_weight: float, rngs: nnx.Rngs, features: int):
 class Config(_ppo.Config):
     """``_ppo.Config`` with these games' defaults, the game and the head."""
 
-    total_steps: int = 300_000
+    total_steps: int = 100_000
     eval_episodes: int = 256
     gamma: float = 0.5
     entropy_weight: float = 0.003

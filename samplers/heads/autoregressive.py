@@ -68,8 +68,9 @@ class AutoregressiveSampler(ActionSampler):
     sub-actions' replay data (a dict by name; a discrete one's is its action) that
     returns it, e.g. ``lambda prefix: legal_targets_of[prefix["unit"]]`` written
     for batch-shaped arrays (the enumeration maps it over its prefixes).
-    ``deterministic`` (``eval()``) takes the most probable sub-action at each step,
-    given the earlier ones: greedy decoding, not the joint mode.
+    ``deterministic`` (``eval()``) takes each sub-action's deterministic action given
+    the earlier ones (a discrete one's most probable choice, a squashed Normal's
+    ``f(mean)``): greedy decoding, not the joint mode.
 
     The entropy cost is ``-entropy_weight * H``: with ``entropy="exact"`` the joint
     entropy ``sum_k E[H(a_k | a_<k)]``, every prefix of the sub-actions before the
