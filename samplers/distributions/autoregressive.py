@@ -118,16 +118,20 @@ class Autoregressive(distrax.Distribution, Replayable):
     def batch_shape(self) -> tuple[int, ...]:
         return tuple(self._first.batch_shape)
 
+    def _action_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """Each sub-action's shape and dtype, traced from the greedy decoding."""
+        return jax.eval_shape(lambda: self.replay(self.deterministic_replay_data())[0])
+
     @property
     def event_shape(self) -> dict[str, tuple[int, ...]]:
         """Each sub-action's event shape, by name."""
-        shapes = jax.eval_shape(lambda: self.replay(self.deterministic_replay_data())[0])
+        shapes = self._action_shapes()
         return {name: shapes[name].shape[len(self.batch_shape) :] for name in self._names}
 
     @property
     def dtype(self) -> dict[str, Any]:
         """Each sub-action's dtype, by name."""
-        shapes = jax.eval_shape(lambda: self.replay(self.deterministic_replay_data())[0])
+        shapes = self._action_shapes()
         return {name: shapes[name].dtype for name in self._names}
 
     def step_distributions(self, replay_data: dict) -> dict[str, distrax.Distribution]:

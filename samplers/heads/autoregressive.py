@@ -159,9 +159,12 @@ class AutoregressiveSampler(ActionSampler):
         self._names = tuple(steps)
         self.steps = nnx.data(dict(steps))
         self._sizes = tuple(part_size("AutoregressiveSampler", (n,), steps[n]) for n in self._names)
-        # Each sub-action's embedding of its replay data, from its head's distribution.
-        self._embedders = tuple(_embedder(steps[n], size) for n, size in self._steps())
-        widths = [jax.eval_shape(e, d).shape[-1] for e, d in self._embedders]
+        # Each sub-action's embedding of its replay data, and the number of values it
+        # takes (None: not discrete), from its head's distribution.
+        kinds = [_kind(steps[n], size) for n, size in self._steps()]
+        self._embedders = tuple(embed for embed, _, _ in kinds)
+        self._supports = tuple(count for _, _, count in kinds)
+        widths = [jax.eval_shape(embed, data).shape[-1] for embed, data, _ in kinds]
         conditioners = dict(conditioners or {})
         unknown = sorted(set(conditioners) - set(self._names))
         if unknown:
@@ -190,17 +193,15 @@ class AutoregressiveSampler(ActionSampler):
     def _check_enumerable(self) -> None:
         """Refuses ``entropy="exact"`` where it cannot be computed."""
         count = 1
-        for name, size in self._steps()[:-1]:
-            head = self.steps[name]
-            values = jax.eval_shape(lambda h=head, n=size: support(h.distribution(_zeros(n))))
+        for name, values in zip(self._names[:-1], self._supports[:-1], strict=True):
             if values is None:
                 raise ValueError(
                     f"entropy='exact' enumerates the sub-actions before the last, and "
-                    f"{name!r} ({type(head).__name__}) is not discrete (a categorical, "
-                    f"multi-discrete or multi-binary head); pass entropy='along_sample', or "
-                    f"make it the last sub-action."
+                    f"{name!r} ({type(self.steps[name]).__name__}) is not discrete (a "
+                    f"categorical, multi-discrete or multi-binary head); pass "
+                    f"entropy='along_sample', or make it the last sub-action."
                 )
-            count *= values.shape[0]
+            count *= values
         if count > self.max_prefixes:
             raise ValueError(
                 f"entropy='exact' would enumerate {count} prefixes, more than "
@@ -224,7 +225,7 @@ class AutoregressiveSampler(ActionSampler):
         earlier = self._names[:k]
 
         def step(prefix: dict) -> distrax.Distribution:
-            embeddings = [self._embedders[j][0](prefix[n]) for j, n in enumerate(earlier)]
+            embeddings = [self._embedders[j](prefix[n]) for j, n in enumerate(earlier)]
             lead = embeddings[0].shape[:-1] if embeddings else batch
             x = jnp.broadcast_to(features, (*lead, features.shape[-1]))
             x = jnp.concatenate([x, *(e.astype(x.dtype) for e in embeddings)], -1)
@@ -279,18 +280,19 @@ def _is_str(name) -> bool:
     return isinstance(name, str)
 
 
-def _embedder(head: ActionSampler, size: int) -> tuple[Callable, Any]:
-    """``(embed, data)``: the embedding of the head's replay data, and a stand-in for
-    its data (shape and dtype), from the head's distribution of a zero input."""
+def _kind(head: ActionSampler, size: int) -> tuple[Callable, Any, int | None]:
+    """``(embed, data, count)`` of a step head, from its distribution of a zero input:
+    the embedding of its replay data, a stand-in for that data (shape and dtype), and
+    how many values it takes (None where it is not discrete)."""
     found: list = []
 
     def example():
-        dist = head.distribution(_zeros(size))
+        dist = head.distribution(jnp.zeros((1, size)))
         found.append(_embedding(dist))
-        return replay.deterministic_replay_data(dist)
+        return replay.deterministic_replay_data(dist), support(dist)
 
-    data = jax.eval_shape(example)
-    return found[0], data
+    data, values = jax.eval_shape(example)
+    return found[0], data, None if values is None else values.shape[0]
 
 
 def _embedding(dist: distrax.Distribution) -> Callable:
@@ -318,7 +320,3 @@ def _embedding(dist: distrax.Distribution) -> Callable:
             scale = bounds.pre_image_scale
             return lambda x: jnp.tanh(x / scale)
     return lambda x: jnp.asarray(x)
-
-
-def _zeros(size: int) -> Array:
-    return jnp.zeros((1, size))
