@@ -3,16 +3,24 @@
 The command line alone. Each suite is a module of this package with a ``run()``:
 the squashed-Normal head by default (``squashed_normal.py``), the others by their
 flag (``--discrete``: ``discrete.py``, ``--composite``: ``composite.py``,
-``--beta``: ``beta.py``), one table (``_SUITES``) mapping each flag to its module.
-The size flags choose a grid of ``squashed_normal.py``; the other suites take its
-batch sizes.
+``--beta``: ``beta.py``, ``--autoregressive``: ``autoregressive.py``), one table
+(``_SUITES``) mapping each flag to its module. The size flags choose a grid of
+``squashed_normal.py``; the other suites take its batch sizes.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from benchmarks import bandwidth, beta, composite, discrete, squashed_normal, timing
+from benchmarks import (
+    autoregressive,
+    bandwidth,
+    beta,
+    composite,
+    discrete,
+    squashed_normal,
+    timing,
+)
 from benchmarks.squashed_normal import FULL, LARGE, QUICK
 
 # Each suite by its flag (None: the run without one): its module and what it times.
@@ -21,6 +29,7 @@ _SUITES = {
     "discrete": (discrete, "the discrete heads"),
     "composite": (composite, "the composite heads"),
     "beta": (beta, "the Beta head"),
+    "autoregressive": (autoregressive, "the autoregressive head"),
 }
 
 

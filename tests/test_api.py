@@ -29,6 +29,7 @@ def test_public_names_are_pinned():
         "CrossCheckReport",
         "DistributionSampler",
         "LogitBeta",
+        "MaskTable",
         "MaskedCategorical",
         "MultiBinary",
         "MultiBinarySampler",

@@ -31,7 +31,7 @@ from samplers import _checks
 from samplers.distributions import _pre_images
 from samplers.distributions import replay as _replay
 from samplers.distributions.categorical import MaskedCategorical
-from samplers.distributions.composite import ordered_sum, part_key
+from samplers.distributions.composite import ordered_sum, part_keys
 from samplers.distributions.discrete import MultiBinary, MultiDiscrete
 from samplers.distributions.replay import Replayable
 
@@ -153,7 +153,8 @@ class Autoregressive(distrax.Distribution, Replayable):
     def sample_replay_data(self, *, seed) -> dict:
         """Each sub-action's replay data, drawn in order from the key of its name."""
         seed = _replay.integer_seed(seed)
-        return self._draw(lambda name, d: _replay.sample_replay_data(d, part_key(seed, (name,))))
+        keys = dict(zip(self._names, part_keys(seed, [(n,) for n in self._names]), strict=True))
+        return self._draw(lambda name, d: _replay.sample_replay_data(d, keys[name]))
 
     def deterministic_replay_data(self) -> dict:
         """Greedy: each sub-action's deterministic data given the earlier ones."""

@@ -20,6 +20,10 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
   ``CategoricalSampler`` and a ``SquashedNormalSampler``.
 - ``correlated``: PPO on two games whose second bit must depend on the first, with an
   ``AutoregressiveSampler`` or a ``CompositeSampler`` of two independent bits.
+- ``units``: PPO on a game whose legal moves depend on the chosen unit, with an
+  ``AutoregressiveSampler`` masked by a ``MaskTable`` of the chosen unit, a
+  ``CompositeSampler`` of independent parts, or one ``CategoricalSampler`` over the
+  pairs.
 - ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
   trained with SAC's actor loss under ``jax.jit``; it uses no head.
 

@@ -7,7 +7,7 @@ replay; the entropy cost and metrics.
 """
 
 from samplers.heads.action_sampler import ActionSampler
-from samplers.heads.autoregressive import AutoregressiveSampler
+from samplers.heads.autoregressive import AutoregressiveSampler, MaskTable
 from samplers.heads.beta import BetaSampler
 from samplers.heads.composite import CompositeSampler, ParameterizedSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
@@ -28,6 +28,7 @@ __all__ = [
     "CategoricalSampler",
     "CompositeSampler",
     "DistributionSampler",
+    "MaskTable",
     "MultiBinarySampler",
     "MultiDiscreteSampler",
     "NormalTanhSampler",

@@ -6,6 +6,7 @@ conditioners, owned by the head: each maps the network's features and the earlie
 sub-actions to the parameters of one sub-action's head.
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -38,6 +39,51 @@ class _Conditioner(nnx.Module):
         return self.out(jnp.tanh(self.hidden(x)))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MaskTable:
+    """A sub-action's mask as a table indexed by earlier categorical sub-actions.
+
+    The function form of a prefix-dependent mask, ``lambda prefix:
+    legal[prefix["unit"]]``, cannot be stored in a rollout; a ``MaskTable`` is the
+    same mask as a pytree of arrays that a training loop stores beside the action
+    and passes back in the loss pass. ``table`` has the head's batch shape, then one
+    axis per sub-action named in ``given`` (its number of choices), then the shape
+    of the mask: ``[*batch, n_unit, num_targets]`` for ``given="unit"``. Called with
+    a prefix (a dict of the earlier sub-actions by name, each ``[*batch]``), it
+    returns the rows those sub-actions pick, ``[*batch, num_targets]``.
+
+    Args:
+        table: The masks of every choice of the ``given`` sub-actions.
+        given: The name of the earlier sub-action that indexes the table, or a tuple
+            of names in the table's axis order.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> legal = jnp.array([[[True, False, False], [True, True, True]]])  # 1 state, 2 units
+        >>> table = samplers.MaskTable(legal, given="unit")
+        >>> table({"unit": jnp.array([0])}).tolist()
+        [[True, False, False]]
+    """
+
+    table: Array
+    given: str | tuple[str, ...] = dataclasses.field(metadata={"static": True})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``given`` as a tuple of names."""
+        return (self.given,) if isinstance(self.given, str) else tuple(self.given)
+
+    def __call__(self, prefix: Mapping[str, Array]) -> Array:
+        rows = jnp.asarray(self.table)
+        for name in self.names:
+            index = jnp.asarray(prefix[name])
+            shape = index.shape + (1,) * (rows.ndim - index.ndim)
+            rows = jnp.take_along_axis(rows, index.reshape(shape), axis=index.ndim)
+            rows = jnp.squeeze(rows, axis=index.ndim)
+        return rows
+
+
 class AutoregressiveSampler(ActionSampler):
     """Sub-actions in order, each conditioned on the network features and the earlier ones.
 
@@ -67,7 +113,8 @@ class AutoregressiveSampler(ActionSampler):
     entry an array for that sub-action's head, or a function of the earlier
     sub-actions' replay data (a dict by name; a discrete one's is its action) that
     returns it, e.g. ``lambda prefix: legal_targets_of[prefix["unit"]]`` written
-    for batch-shaped arrays (the enumeration maps it over its prefixes).
+    for batch-shaped arrays (the enumeration maps it over its prefixes), or a
+    :class:`MaskTable`, the same as arrays that a rollout can store.
     ``deterministic`` (``eval()``) takes each sub-action's deterministic action given
     the earlier ones (a discrete one's most probable choice, a squashed Normal's
     ``f(mean)``): greedy decoding, not the joint mode.
@@ -108,7 +155,9 @@ class AutoregressiveSampler(ActionSampler):
         TypeError: ``steps`` is not a non-empty dict of heads, or an option is of the
             wrong kind.
         ValueError: ``entropy="exact"`` with a sub-action before the last that is not
-            discrete or too many prefixes, or an unknown ``entropy``.
+            discrete or too many prefixes, or an unknown ``entropy``; at the call, a
+            :class:`MaskTable` indexed by a sub-action that is not an earlier
+            categorical one, or whose table's axes do not match.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -164,6 +213,7 @@ class AutoregressiveSampler(ActionSampler):
         kinds = [_kind(steps[n], size) for n, size in self._steps()]
         self._embedders = tuple(embed for embed, _, _ in kinds)
         self._supports = tuple(count for _, _, count in kinds)
+        self._scalar = tuple(data.ndim == 1 for _, data, _ in kinds)  # a categorical's
         widths = [jax.eval_shape(embed, data).shape[-1] for embed, data, _ in kinds]
         conditioners = dict(conditioners or {})
         unknown = sorted(set(conditioners) - set(self._names))
@@ -212,8 +262,8 @@ class AutoregressiveSampler(ActionSampler):
     def _distribution(self, inputs, mask) -> Autoregressive:
         features = _checks.float_parameters("inputs", inputs)
         self._check_width(features, "features", "head.num_params, the features")
-        masks = self._masks(mask)
         batch = features.shape[:-1]
+        masks = self._masks(mask, batch)
         steps = {
             name: self._step(k, features, masks[k], batch) for k, name in enumerate(self._names)
         }
@@ -238,7 +288,7 @@ class AutoregressiveSampler(ActionSampler):
 
         return step
 
-    def _masks(self, mask) -> list:
+    def _masks(self, mask, batch: tuple[int, ...]) -> list:
         if mask is None:
             return [None] * len(self._names)
         if not isinstance(mask, Mapping):
@@ -251,7 +301,32 @@ class AutoregressiveSampler(ActionSampler):
             raise ValueError(
                 f"mask has names {unknown} that are no sub-actions {list(self._names)}."
             )
+        for k, name in enumerate(self._names):
+            if isinstance(mask.get(name), MaskTable):
+                self._check_table(k, mask[name], batch)
         return [mask.get(name) for name in self._names]
+
+    def _check_table(self, k: int, table: MaskTable, batch: tuple[int, ...]) -> None:
+        """Refuses a table indexed by what is not an earlier categorical sub-action,
+        or whose axes after the batch are not those sub-actions' numbers of choices."""
+        counts = []
+        for name in table.names:
+            j = self._names.index(name) if name in self._names else len(self._names)
+            if j >= k or self._supports[j] is None or not self._scalar[j]:
+                raise ValueError(
+                    f"the MaskTable of {self._names[k]!r} is indexed by {name!r}, which is "
+                    f"not a categorical sub-action before it (those are "
+                    f"{[n for i, n in enumerate(self._names[:k]) if self._scalar[i]]})."
+                )
+            counts.append(self._supports[j])
+        shape = jnp.shape(table.table)
+        found = shape[len(batch) : len(batch) + len(counts)]
+        if shape[: len(batch)] != batch or list(found) != counts:
+            raise ValueError(
+                f"the MaskTable of {self._names[k]!r} has shape {shape}; it needs the "
+                f"batch shape {batch}, then {counts} (the choices of {list(table.names)}), "
+                f"then the mask's shape."
+            )
 
     def _replay(self, dist: Autoregressive, data) -> tuple[dict, dict]:
         action, log_likelihoods = dist.replay_parts(data)

@@ -15,6 +15,7 @@ from tensorflow_probability.substrates import jax as tfp
 import samplers
 from benchmarks import __main__ as cli
 from benchmarks import (
+    autoregressive,
     bandwidth,
     beta,
     composite,
@@ -431,3 +432,61 @@ def test_beta_flag_runs_the_beta_suite(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--discrete", "--beta"])
     assert "--discrete and --beta are separate runs" in capsys.readouterr().err
+
+
+def test_autoregressive_head_computes_what_the_hand_written_code_computes():
+    with jax.numpy_rank_promotion("allow"):  # the hand-written `x @ kernel + bias` broadcasts
+        found = autoregressive.differences(batch=16)
+        loss_inputs = autoregressive.inputs(8, jax.random.key(0))
+    assert set(found) == {
+        "rollout log-likelihood",
+        "entropy",
+        "loss",
+        "gradient w.r.t. the features",
+        "gradient w.r.t. the weights",
+    }
+    assert max(found.values()) < autoregressive.TOLERANCE, found
+    # Both sides take the weights as an argument: other weights, another loss.
+    _, head = autoregressive.implementations_of()
+    state = head.random_input(jax.random.key(1))
+    loss = jax.jit(head.loss)
+    (features, weights), *rest = loss_inputs
+    other = jax.tree.map(lambda x: 2.0 * x, weights)
+    assert loss((features, weights), *rest, state)[0] != loss((features, other), *rest, state)[0]
+    (_, _, extras), next_state = jax.jit(head.rollout)(*loss_inputs[:2], state)
+    (_, _, again), _ = jax.jit(head.rollout)(*loss_inputs[:2], next_state)
+    assert not jax.tree.all(jax.tree.map(jnp.array_equal, again, extras))  # the stream advances
+
+
+def test_autoregressive_suite_runs_and_writes_its_report(tmp_path):
+    with jax.numpy_rank_promotion("allow"):  # the hand-written `x @ kernel + bias` broadcasts
+        text = autoregressive.run(
+            (8,), tmp_path, device=timing.select_device("cpu"), name="toy", rounds=1
+        )
+    assert (tmp_path / "toy.md").read_text() == text
+    for heading in ("## Rollout", "## Loss"):
+        assert heading in text
+    assert f"| {autoregressive.CASE} | 8 |" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert saved["rounds"] == 1 and saved["samplers"] in text
+    assert max(saved["differences"].values()) < autoregressive.TOLERANCE
+    cells = {(t["workload"], t["implementation"]) for t in saved["timings"]}
+    assert cells == {(w, i) for w in ("rollout", "loss") for i in ("handwritten", "samplers")}
+    for record in saved["timings"]:
+        assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
+
+
+def test_autoregressive_flag_runs_the_autoregressive_suite(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(
+        autoregressive, "run", lambda batches, out, **options: calls.append((batches, out, options))
+    )
+    cli.main(["--autoregressive", "--out", str(tmp_path)])
+    cli.main(["--autoregressive", "--batches", "8,16", "--name", "other"])
+    (batches, out, options), (other, _, named) = calls
+    assert batches == (1, 4096, 65536) and out == tmp_path
+    assert options["name"] == "autoregressive"
+    assert other == (8, 16) and named["name"] == "other"
+    with pytest.raises(SystemExit):
+        cli.main(["--autoregressive", "--bandwidth-tbs", "4.8"])
+    assert "there is no bandwidth floor for the autoregressive head" in capsys.readouterr().err

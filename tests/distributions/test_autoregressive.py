@@ -109,21 +109,29 @@ def _oracle_kl(p_params, q_params):
 def test_exact_entropy_and_kl_and_their_gradients_match_float64_enumeration(dtype):
     with jax.enable_x64(True):
         params, others = _params(0, dtype), _params(1, dtype)
-        entropy = jax.jit(lambda p: _distribution(p).entropy())(params)
-        kl = jax.jit(lambda p, q: _distribution(p).kl_divergence(_distribution(q)))(params, others)
-        grad_entropy = jax.jit(jax.grad(lambda p: jnp.sum(_distribution(p).entropy())))(params)
-        grad_kl = jax.jit(
-            jax.grad(
-                lambda p, q: jnp.sum(_distribution(p).kl_divergence(_distribution(q))),
-                argnums=(0, 1),
-            )
-        )(params, others)
         params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
         others64 = jax.tree.map(lambda x: x.astype(jnp.float64), others)
-        expected_grad_entropy = jax.jit(jax.grad(lambda p: jnp.sum(_oracle_entropy(p))))(params64)
-        expected_grad_kl = jax.jit(
-            jax.grad(lambda p, q: jnp.sum(_oracle_kl(p, q)), argnums=(0, 1))
-        )(params64, others64)
+
+        def values_and_gradients(entropy_of, kl_of):
+            def both(p, q):
+                return jnp.sum(entropy_of(p)), jnp.sum(kl_of(p, q))
+
+            values = (entropy_of, kl_of)
+            grads = (
+                jax.grad(lambda p, q: both(p, q)[0]),
+                jax.grad(lambda p, q: both(p, q)[1], argnums=(0, 1)),
+            )
+            return jax.jit(
+                lambda p, q: (values[0](p), values[1](p, q), grads[0](p, q), grads[1](p, q))
+            )
+
+        ours = values_and_gradients(
+            lambda p: _distribution(p).entropy(),
+            lambda p, q: _distribution(p).kl_divergence(_distribution(q)),
+        )
+        entropy, kl, grad_entropy, grad_kl = ours(params, others)
+        oracle = values_and_gradients(_oracle_entropy, _oracle_kl)
+        _, _, expected_grad_entropy, expected_grad_kl = oracle(params64, others64)
         rtol, atol = (1e-5, 1e-6) if dtype == jnp.float32 else (1e-12, 1e-13)
         assert entropy.dtype == dtype and kl.dtype == dtype
         np.testing.assert_allclose(entropy, _oracle_entropy(params64), rtol=rtol, atol=atol)
@@ -140,16 +148,16 @@ def test_exact_entropy_and_kl_and_their_gradients_match_float64_enumeration(dtyp
 
 def test_log_probs_match_enumeration_and_masked_choices_get_exactly_zero_gradient():
     params = _params(2)
-    dist = _distribution(params)
     with jax.enable_x64(True):
         params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
         expected = np.asarray(_joint_log_probs(params64))
     allowed = np.argwhere(np.isfinite(expected[1]))  # row 1: every unit allowed
+    log_prob = jax.jit(lambda p, a: _distribution(p).log_prob(a))
     for u, k, t in allowed:
         action = {
             n: jnp.full((B,), v) for n, v in zip(("unit", "kind", "target"), (u, k, t), strict=True)
         }
-        np.testing.assert_allclose(dist.log_prob(action)[1], expected[1, u, k, t], rtol=1e-5)
+        np.testing.assert_allclose(log_prob(params, action)[1], expected[1, u, k, t], rtol=1e-5)
 
     def loss(params):
         dist = _distribution(params)

@@ -52,12 +52,22 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
     expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
     expected |= {"_ppo.py", "cartpole.py", "tictactoe.py", "hybrid.py", "correlated.py"}
+    expected |= {"units.py"}
     assert expected <= modules
 
 
 @pytest.mark.parametrize(
     "module",
-    ["pendulum", "pendulum_sac", "cartpole", "linen_actor", "tictactoe", "hybrid", "correlated"],
+    [
+        "pendulum",
+        "pendulum_sac",
+        "cartpole",
+        "linen_actor",
+        "tictactoe",
+        "hybrid",
+        "correlated",
+        "units",
+    ],
 )
 def test_each_example_runs_as_a_module(module):
     done = subprocess.run(

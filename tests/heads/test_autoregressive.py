@@ -165,6 +165,33 @@ def test_reparameterized_keeps_the_pathwise_gradient_through_the_later_sub_actio
             assert abs(grad[0, 0] - fd) > 1e-3  # the sample's path is cut
 
 
+def test_a_mask_table_is_the_function_mask_as_arrays_a_rollout_can_store():
+    head = _head_with(entropy="along_sample")
+    x = _features()
+    table = {**MASK, "target": samplers.MaskTable(jnp.broadcast_to(LEGAL, (B, 3, 4)), "unit")}
+
+    def call(head, x, mask, extras=None):
+        out = head((), x, extras, mask=mask)
+        return out.output["log_likelihood"], out.regularization_loss, out.rollout_extras
+
+    # Stored as a rollout stores it: stacked over steps (a pytree of arrays), then sliced;
+    # a function cannot be passed to a jitted step, a table can.
+    stored = jax.tree.map(lambda t: jnp.stack([t, t])[1], table)
+    forked = nnx.clone(head)
+    by_function = nnx.jit(lambda head, x: call(head, x, MASK))(head, x)
+    by_table = nnx.jit(call)(forked, x, stored)
+    for a, b in zip(by_function, by_table, strict=True):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+    replayed = nnx.jit(call)(head, x, stored, by_function[2])
+    np.testing.assert_array_equal(replayed[0], by_function[0])
+
+    # Several names index the axes in order.
+    cube = jax.random.bernoulli(jax.random.key(2), 0.5, (B, 3, 4, 2))
+    prefix = {"unit": jnp.arange(B) % 3, "target": jnp.arange(B) % 4}
+    rows = samplers.MaskTable(cube, given=("unit", "target"))(prefix)
+    np.testing.assert_array_equal(rows, cube[jnp.arange(B), prefix["unit"], prefix["target"]])
+
+
 def test_bad_options_and_masks_are_refused_by_name():
     rngs = nnx.Rngs(0)
     move_first = {
@@ -184,6 +211,11 @@ def test_bad_options_and_masks_are_refused_by_name():
         head((), _features(), mask={"tgt": LEGAL})
     with pytest.raises(ValueError, match="expects features of shape"):
         head((), jnp.zeros((B, F + 1)))
+    with pytest.raises(ValueError, match=r"has shape \(3, 4\); it needs the batch shape \(6,\)"):
+        head((), _features(), mask={"target": samplers.MaskTable(LEGAL, "unit")})
+    for name, given in (("unit", "unit"), ("target", "move"), ("target", "nothing")):
+        with pytest.raises(ValueError, match=f"indexed by '{given}', which is not a categorical"):
+            head((), _features(), mask={name: samplers.MaskTable(jnp.zeros((B, 3, 2)), given)})
 
 
 def _head_with(**options):
