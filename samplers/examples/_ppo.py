@@ -418,6 +418,35 @@ def gymnax_env(env_id: str, to_action: Callable[[Any], jax.Array] | None = None)
     return Env(lambda key: env.reset(key, params), step)
 
 
+def play(model: ActorCritic, env: Env, episodes: int, steps: int, key: jax.Array):
+    """Runs the sampling policy (under the environment's mask, where it has one) in
+    ``episodes`` fresh environments for ``steps`` steps; the model is left as it was.
+
+    Returns:
+        ``(rewards, counts)``, each ``[steps, episodes]``; ``counts`` a dict as the
+        environment's :class:`Step` gives it.
+    """
+    graphdef, state = nnx.split(model)
+    mask_of = (lambda env_state: None) if env.mask is None else jax.vmap(env.mask)
+
+    @jax.jit
+    def run(state, key):
+        reset_key, run_key = jax.random.split(key)
+        obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
+
+        def one_step(carry, key):
+            state, obs, env_state = carry
+            model = nnx.merge(graphdef, state)
+            action = model.policy(obs, mask=mask_of(env_state)).output["action"]
+            step = jax.vmap(env.step)(jax.random.split(key, episodes), env_state, action)
+            return (nnx.state(model), step.obs, step.state), (step.reward, step.counts)
+
+        carry = (state, obs, env_state)
+        return jax.lax.scan(one_step, carry, jax.random.split(run_key, steps))[1]
+
+    return run(state, key)
+
+
 RolloutMetrics = Callable[[ActorCritic, jax.Array, samplers.StatefulModuleOutput], dict]
 
 

@@ -157,29 +157,10 @@ def train(config: Config, *, progress: bool = True) -> tuple[_ppo.ActorCritic, d
 
 def evaluate(model: _ppo.ActorCritic, config: Config) -> float:
     """The mean reward per step of the trained, sampling policy."""
-    env = make_env(config.game)
-    n = config.eval_episodes
     length = GUESS_LENGTH if config.game == "guess" else CORRELATED_LENGTH
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def play(state, key):
-        reset_key, run_key = jax.random.split(key)
-        obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, n))
-
-        def one_step(carry, key):
-            state, obs, env_state = carry
-            model = nnx.merge(graphdef, state)
-            action = model.policy(obs).output["action"]
-            step = jax.vmap(env.step)(jax.random.split(key, n), env_state, action)
-            return (nnx.state(model), step.obs, step.state), step.reward
-
-        _, rewards = jax.lax.scan(
-            one_step, (state, obs, env_state), jax.random.split(run_key, length)
-        )
-        return rewards.mean()
-
-    return float(play(state, jax.random.key(config.seed + 1)))
+    key = jax.random.key(config.seed + 1)
+    rewards, _ = _ppo.play(model, make_env(config.game), config.eval_episodes, length, key)
+    return float(rewards.mean())
 
 
 def steps_to(log: dict, fraction: float, best: float) -> int | None:

@@ -213,29 +213,9 @@ def train(config: Config, *, progress: bool = True) -> tuple[_ppo.ActorCritic, d
 
 def evaluate(model: _ppo.ActorCritic, config: Config) -> tuple[float, float]:
     """The trained, sampling policy's mean return and fraction of illegal pairs."""
-    env = make_env(config.head)
-    n = config.eval_episodes
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def play(state, key):
-        reset_key, run_key = jax.random.split(key)
-        obs, board = jax.vmap(env.reset)(jax.random.split(reset_key, n))
-
-        def one_step(carry, key):
-            state, obs, board = carry
-            model = nnx.merge(graphdef, state)
-            action = model.policy(obs, mask=jax.vmap(env.mask)(board)).output["action"]
-            step = jax.vmap(env.step)(jax.random.split(key, n), board, action)
-            return (nnx.state(model), step.obs, step.state), (step.reward, step.counts["illegal"])
-
-        _, (rewards, illegal) = jax.lax.scan(
-            one_step, (state, obs, board), jax.random.split(run_key, LENGTH)
-        )
-        return rewards.sum(0).mean(), illegal.mean()
-
-    episode_return, illegal = play(state, jax.random.key(config.seed + 1))
-    return float(episode_return), float(illegal)
+    key = jax.random.key(config.seed + 1)
+    rewards, counts = _ppo.play(model, make_env(config.head), config.eval_episodes, LENGTH, key)
+    return float(rewards.sum(0).mean()), float(counts["illegal"].mean())
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -447,7 +447,7 @@ def test_autoregressive_head_computes_what_the_hand_written_code_computes():
     }
     assert max(found.values()) < autoregressive.TOLERANCE, found
     # Both sides take the weights as an argument: other weights, another loss.
-    _, head = autoregressive.implementations_of()
+    _, head, _ = autoregressive.implementations_of()
     state = head.random_input(jax.random.key(1))
     loss = jax.jit(head.loss)
     (features, weights), *rest = loss_inputs
@@ -471,7 +471,8 @@ def test_autoregressive_suite_runs_and_writes_its_report(tmp_path):
     assert saved["rounds"] == 1 and saved["samplers"] in text
     assert max(saved["differences"].values()) < autoregressive.TOLERANCE
     cells = {(t["workload"], t["implementation"]) for t in saved["timings"]}
-    assert cells == {(w, i) for w in ("rollout", "loss") for i in ("handwritten", "samplers")}
+    names = ("handwritten", "samplers", "handwritten, the head's keys")
+    assert cells == {(w, i) for w in ("rollout", "loss") for i in names}
     for record in saved["timings"]:
         assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
 
