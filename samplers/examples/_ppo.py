@@ -383,8 +383,9 @@ class Env(NamedTuple):
     """``key -> (obs, state)``, a fresh episode."""
     step: Callable[[jax.Array, Any, Any], Step]
     """``(key, state, action) -> Step``; where the episode ends, the next starts."""
-    mask: Callable[[Any], jax.Array] | None = None
-    """``state -> mask``, the head's mask of the allowed actions, or None: no mask."""
+    mask: Callable[[Any], Any] | None = None
+    """``state -> mask``, the head's mask of the allowed actions (an array, or a pytree
+    of arrays for a composite or autoregressive head), or None: no mask."""
 
 
 def gymnax_env(env_id: str, to_action: Callable[[Any], jax.Array] | None = None) -> Env:

@@ -58,6 +58,10 @@ class MaskTable:
         given: The name of the earlier sub-action that indexes the table, or a tuple
             of names in the table's axis order.
 
+    Raises:
+        TypeError: ``given`` is not a name or a non-empty tuple of names. The head
+            that receives the table checks its shape and names.
+
     Example:
         >>> import jax.numpy as jnp, samplers
         >>> legal = jnp.array([[[True, False, False], [True, True, True]]])  # 1 state, 2 units
@@ -68,6 +72,17 @@ class MaskTable:
 
     table: Array
     given: str | tuple[str, ...] = dataclasses.field(metadata={"static": True})
+
+    def __post_init__(self):
+        given = self.given
+        names = tuple(given) if isinstance(given, tuple | list) else (given,)
+        if not names or not all(isinstance(name, str) for name in names):
+            raise TypeError(
+                f"MaskTable's given is a sub-action's name or a tuple of names, got "
+                f"{self.given!r}; pass e.g. given='unit'."
+            )
+        if not isinstance(self.given, str):
+            object.__setattr__(self, "given", names)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -213,7 +228,8 @@ class AutoregressiveSampler(ActionSampler):
         kinds = [_kind(steps[n], size) for n, size in self._steps()]
         self._embedders = tuple(embed for embed, _, _ in kinds)
         self._supports = tuple(count for _, _, count in kinds)
-        self._scalar = tuple(data.ndim == 1 for _, data, _ in kinds)  # a categorical's
+        # A categorical sub-action: discrete, one value per batch element.
+        self._categorical = tuple(n is not None and d.ndim == 1 for _, d, n in kinds)
         widths = [jax.eval_shape(embed, data).shape[-1] for embed, data, _ in kinds]
         conditioners = dict(conditioners or {})
         unknown = sorted(set(conditioners) - set(self._names))
@@ -312,11 +328,11 @@ class AutoregressiveSampler(ActionSampler):
         counts = []
         for name in table.names:
             j = self._names.index(name) if name in self._names else len(self._names)
-            if j >= k or self._supports[j] is None or not self._scalar[j]:
+            if j >= k or not self._categorical[j]:
                 raise ValueError(
                     f"the MaskTable of {self._names[k]!r} is indexed by {name!r}, which is "
                     f"not a categorical sub-action before it (those are "
-                    f"{[n for i, n in enumerate(self._names[:k]) if self._scalar[i]]})."
+                    f"{[n for i, n in enumerate(self._names[:k]) if self._categorical[i]]})."
                 )
             counts.append(self._supports[j])
         shape = jnp.shape(table.table)

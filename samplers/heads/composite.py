@@ -26,7 +26,7 @@ from samplers.distributions.composite import (
     check_parameters,
     leaves,
     name,
-    part_key,
+    part_keys,
     paths,
     spec_of,
 )
@@ -128,7 +128,8 @@ class _Composite(ActionSampler):
         return any(head._entropy_needs_key() for head in self._heads())
 
     def _part_keys(self, key) -> list:
-        return [None if key is None else part_key(key, path) for path in paths(self._spec())]
+        found = list(paths(self._spec()))
+        return [None] * len(found) if key is None else part_keys(key, found)
 
     def _draw_data(self, inputs, dist, modes, key) -> Any:
         rows = zip(

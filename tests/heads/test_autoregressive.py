@@ -216,6 +216,9 @@ def test_bad_options_and_masks_are_refused_by_name():
     for name, given in (("unit", "unit"), ("target", "move"), ("target", "nothing")):
         with pytest.raises(ValueError, match=f"indexed by '{given}', which is not a categorical"):
             head((), _features(), mask={name: samplers.MaskTable(jnp.zeros((B, 3, 2)), given)})
+    for given in (3, (), ("unit", 1)):
+        with pytest.raises(TypeError, match="MaskTable's given is a sub-action's name"):
+            samplers.MaskTable(LEGAL, given)
 
 
 def _head_with(**options):
