@@ -142,15 +142,13 @@ def test_the_deterministic_data_is_the_documented_action(make):
     ],
 )
 def test_one_key_per_batch_element_draws_each_row_from_its_own_key(make):
-    dist = make(batch=(2, 3))
     keys = jax.random.split(jax.random.key(1), 6).reshape(2, 3)
-    data = dist.sample_replay_data(seed=keys)
+    data = jax.jit(lambda keys: make(batch=(2, 3)).sample_replay_data(seed=keys))(keys)
     # The last row alone, drawn from its own key, is the same row of the whole.
-    row = make(batch=(2, 3))[1, 2:]
-    alone = row.sample_replay_data(seed=keys[1, 2:])
+    alone = jax.jit(lambda k: make(batch=(2, 3))[1, 2:].sample_replay_data(seed=k))(keys[1, 2:])
     _equal(jax.tree.map(lambda x: x[1, 2:], data), alone)
     with pytest.raises(ValueError, match="one key per batch element"):
-        dist.sample_replay_data(seed=keys[0])
+        jax.jit(lambda keys: make(batch=(2, 3)).sample_replay_data(seed=keys))(keys[0])
 
 
 @pytest.mark.parametrize("make", CASES)
