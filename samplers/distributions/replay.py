@@ -366,7 +366,12 @@ class PreImageReplay(distrax.Transformed, Replayable):
 
 
 def integer_seed(seed):
-    """A key for an integer seed (distrax takes them), else ``seed`` as it is."""
+    """A typed key for an integer seed or one raw ``jax.random.PRNGKey`` (distrax takes
+    both; ``jax.random.key`` of the same seed draws the same numbers), else ``seed``
+    as it is."""
     if isinstance(seed, (int, np.integer)):
-        return jax.random.PRNGKey(int(seed))
+        return jax.random.key(int(seed))
+    raw = not _pre_images.is_key_array(seed) and jnp.shape(seed) == (2,)
+    if raw and jnp.asarray(seed).dtype == jnp.uint32:
+        return jax.random.wrap_key_data(seed)
     return seed

@@ -178,6 +178,9 @@ def test_a_sample_replays_bit_for_bit_teacher_forced_in_another_program():
         params, jax.random.key(5)
     )
     stored = jax.tree.map(np.asarray, data)
+    for seed in (jax.random.PRNGKey(5), 5):  # distrax's other seeds draw the same
+        again = jax.jit(lambda p, k=seed: _distribution(p).sample_replay_data(seed=k))(params)
+        jax.tree.map(np.testing.assert_array_equal, again, stored)
     replayed_action, replayed = jax.jit(lambda p, d: _distribution(p).replay(d))(params, stored)
     np.testing.assert_array_equal(replayed, log_prob)
     for name in ("unit", "kind", "target"):

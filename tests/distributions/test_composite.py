@@ -75,8 +75,11 @@ def test_a_composite_scores_each_part_and_sums_them_in_the_given_order():
     np.testing.assert_array_equal(data["move"], move.sample_pre_image(seed=move_key))
     alone = samplers.Composite({"move": move}).sample_replay_data(seed=key)
     np.testing.assert_array_equal(alone["move"], data["move"])
-    # distrax's sample is the same draw.
-    np.testing.assert_array_equal(dist.sample(seed=key)["fire"], action["fire"])
+    # distrax's sample is the same draw, for a typed key, a raw PRNGKey and an integer
+    # seed alike (distrax takes all three).
+    for seed in (key, jax.random.PRNGKey(0), 0):
+        np.testing.assert_array_equal(dist.sample(seed=seed)["fire"], action["fire"])
+        np.testing.assert_array_equal(dist.sample_replay_data(seed=seed)["move"], data["move"])
 
 
 def test_the_entropy_and_the_registered_kl_are_the_sums_of_the_parts():
