@@ -114,6 +114,10 @@ class Autoregressive(distrax.Distribution, Replayable):
             )
         return dist
 
+    def _at(self, index: int, prefix: dict) -> distrax.Distribution:
+        """Sub-action ``index``'s distribution given a copy of ``prefix``."""
+        return self._first if index == 0 else self._build(index, dict(prefix))
+
     @property
     def batch_shape(self) -> tuple[int, ...]:
         return tuple(self._first.batch_shape)
@@ -144,10 +148,10 @@ class Autoregressive(distrax.Distribution, Replayable):
     # The replay protocol.
 
     def _draw(self, choose: Callable) -> dict:
+        """``{name: choose(name, its distribution given the earlier choices)}``, in order."""
         data: dict = {}
         for index, name in enumerate(self._names):
-            dist = self._first if index == 0 else self._build(index, dict(data))
-            data[name] = choose(name, dist)
+            data[name] = choose(name, self._at(index, data))
         return data
 
     def sample_replay_data(self, *, seed) -> dict:
@@ -183,11 +187,7 @@ class Autoregressive(distrax.Distribution, Replayable):
                 f"{type(replay_data).__name__} {got}; pass the rollout_extras of the "
                 f"rollout call."
             )
-        checked: dict = {}
-        for index, name in enumerate(self._names):
-            dist = self._first if index == 0 else self._build(index, dict(checked))
-            checked[name] = _replay.check_replay_data(dist, replay_data[name])
-        return checked
+        return self._draw(lambda name, d: _replay.check_replay_data(d, replay_data[name]))
 
     # distrax's methods.
 
@@ -211,12 +211,13 @@ class Autoregressive(distrax.Distribution, Replayable):
                 f"value must be a dict with the sub-actions {list(self._names)}, got "
                 f"{type(value).__name__}."
             )
-        data: dict = {}
         log_probs = []
-        for index, name in enumerate(self._names):
-            dist = self._first if index == 0 else self._build(index, dict(data))
+
+        def score(name, dist):
             log_probs.append(jnp.asarray(dist.log_prob(value[name])))
-            data[name] = _data_of_action(dist, value[name])
+            return _data_of_action(dist, value[name])
+
+        self._draw(score)
         return ordered_sum(log_probs)
 
     def entropy(self) -> Array:
@@ -250,10 +251,8 @@ class Autoregressive(distrax.Distribution, Replayable):
         total = jnp.zeros(())
         last = len(self._names) - 1
         for index, name in enumerate(self._names):
-            p = self._first if index == 0 else self._build(index, prefix)
-            q = None
-            if other is not None:
-                q = other._first if index == 0 else other._build(index, prefix)
+            p = self._at(index, prefix)
+            q = None if other is None else other._at(index, prefix)
             if log_weight is not None:
                 possible = log_weight > -jnp.inf
                 p, q = _finite_where_impossible(p, possible), _finite_where_impossible(q, possible)
