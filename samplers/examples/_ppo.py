@@ -448,6 +448,15 @@ def play(model: ActorCritic, env: Env, episodes: int, steps: int, key: jax.Array
     return run(state, key)
 
 
+def steps_to(log: dict[str, Any], threshold: float) -> int | None:
+    """The environment steps after which an iteration's episodes first averaged
+    ``threshold`` in :func:`train`'s ``log``, or None."""
+    for steps, value in zip(log["curve_steps"], log["curve_returns"], strict=True):
+        if value >= threshold:
+            return int(steps)
+    return None
+
+
 RolloutMetrics = Callable[[ActorCritic, jax.Array, samplers.StatefulModuleOutput], dict]
 
 

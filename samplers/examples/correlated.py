@@ -163,15 +163,6 @@ def evaluate(model: _ppo.ActorCritic, config: Config) -> float:
     return float(rewards.mean())
 
 
-def steps_to(log: dict, fraction: float, best: float) -> int | None:
-    """The environment steps after which an iteration's episodes first averaged
-    ``fraction`` of ``best``, or None."""
-    for steps, value in zip(log["curve_steps"], log["curve_returns"], strict=True):
-        if value >= fraction * best:
-            return int(steps)
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     """Trains, evaluates, prints a summary and writes ``summary.json``."""
     config, args = _common.command_line(
@@ -200,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "reward_per_step": per_step,
         "best_per_step": BEST[config.game] / length,
         "independent_ceiling": independent_ceiling() if config.game == "guess" else None,
-        "steps_to_95_percent": steps_to(log, 0.95, BEST[config.game]),
+        "steps_to_95_percent": _ppo.steps_to(log, 0.95 * BEST[config.game]),
         "wall_s": time.perf_counter() - start,
         "train_s": log["train_s"],
         "compile_s": log["compile_s"],

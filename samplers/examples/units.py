@@ -234,14 +234,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model, log = train(config, progress=not args.no_progress)
     episode_return, illegal = evaluate(model, config)
     reference = greedy_return()
-    threshold = 0.75 * reference
-    curve = zip(log["curve_steps"], log["curve_returns"], strict=True)
-    reached = [steps for steps, value in curve if value >= threshold]
     summary = {
         "config": dataclasses.asdict(config),
         "return": episode_return,
         "greedy_return": reference,
-        "steps_to_75_percent": int(reached[0]) if reached else None,
+        "steps_to_75_percent": _ppo.steps_to(log, 0.75 * reference),
         "illegal_in_training": sum(log["per_iteration"]["illegal"]) / log["steps"],
         "illegal_in_evaluation": illegal,
         "wall_s": time.perf_counter() - start,
