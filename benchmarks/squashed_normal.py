@@ -195,6 +195,38 @@ def _entropy_estimators(batch, rounds):
     return rows
 
 
+def _entropy_alone(batches, rounds):
+    """Value and gradient of the summed entropy alone, A = 8: the exact entropy against
+    the one-sample estimate the specified sampler computes (its draw included)."""
+    rows = []
+    for batch in batches:
+        keys = jax.random.split(jax.random.key(3), 3)
+        loc = jax.random.normal(keys[0], (batch, 8))
+        scale = jnp.exp(jax.random.normal(keys[1], (batch, 8)))
+
+        def one_sample(loc, scale, key):
+            dist = samplers.SquashedNormal(loc, scale, samplers.Tanh())
+            return jnp.sum(dist.entropy_estimate(seed=key, num_samples=1))
+
+        def exact(loc, scale, key):
+            return jnp.sum(samplers.SquashedNormal(loc, scale, samplers.Tanh()).entropy())
+
+        fns = {
+            name: (jax.jit(jax.value_and_grad(f, argnums=(0, 1))), (loc, scale, keys[2]))
+            for name, f in {"one sample": one_sample, "exact": exact}.items()
+        }
+        samples = timing.interleaved(fns, rounds, _ROUND_SECONDS)
+        rows.append(
+            [
+                batch,
+                f"{timing.summary(samples['one sample'])[0] * 1e3:.3f}",
+                f"{timing.summary(samples['exact'])[0] * 1e3:.3f}",
+                timing.ratio_cell(samples["exact"]),
+            ]
+        )
+    return rows
+
+
 def _float64_entropy(mean, std):
     """Entropy of tanh(x), x ~ N(mean, std), by a dense float64 quadrature."""
     x = np.linspace(mean - 14 * std, mean + 14 * std, 400_001)
@@ -382,6 +414,17 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         timing.table(
             _entropy_estimators(memory_batch, grid["rounds"]),
             ["estimator", "cost", *(f"bias / std at {case}" for case in _ENTROPY_CASES)],
+        ),
+        "",
+        "## Entropy alone (value and gradient, A = 8)",
+        "",
+        "The exact `entropy()` of `SquashedNormal(loc, scale, Tanh())` against the "
+        "one-sample `entropy_estimate(seed, 1)` (its draw included), `jax.value_and_grad` "
+        "of the sum with respect to `loc` and `scale`; `loc ~ N(0, 1)`, `log scale ~ N(0, 1)`.",
+        "",
+        timing.table(
+            _entropy_alone([b for b in grid["batches"] if b > 1], grid["rounds"]),
+            ["B", "one sample (ms)", "exact (ms)", "exact / one sample"],
         ),
         "",
         f"`import samplers`: {_import_seconds(grid['repeats']) * 1e3:.0f} ms "

@@ -19,10 +19,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The examples' docstring examples run in the slow tier, with the examples' other
-    tests: the examples are programs built on the library, not the library."""
+    """Docstring examples run in the slow tier, with the guides' code blocks: they run
+    the library eagerly, an operation at a time, as a reader would."""
     for item in items:
-        if item.nodeid.startswith("samplers/examples/"):
+        if item.nodeid.startswith("samplers/"):
             item.add_marker(pytest.mark.slow)
 
 
