@@ -15,7 +15,8 @@ Two layers, one direction of imports:
   of a ``Dict`` or ``Tuple`` action), :class:`Parameterized` (a choice among
   discrete actions with parameters of their own) and :class:`Autoregressive`
   (sub-actions each conditioned on the earlier ones) are distributions over
-  structured actions; :class:`Replayable` is the protocol of a distribution that samples an
+  structured actions; :class:`SquashedFlow` (built by :func:`squashed_flow`) is a Normal
+  through learned layers, such as state-conditioned coupling layers, then a squashing; :class:`Replayable` is the protocol of a distribution that samples an
   action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
   :func:`ppo_log_ratio_stats` diagnose the actions.
 - :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that
@@ -27,7 +28,7 @@ Two layers, one direction of imports:
   actions, :class:`CompositeSampler` for ``Dict`` and ``Tuple`` actions,
   :class:`ParameterizedSampler` for parameterised actions,
   :class:`AutoregressiveSampler` for sub-actions conditioned (and masked) on the
-  earlier ones, and
+  earlier ones, :class:`FlowSampler` for a flow of coupling layers it learns, and
   :class:`DistributionSampler` for any distrax distribution; :func:`head_for` picks
   the head for a gymnasium or gymnax action space.
 

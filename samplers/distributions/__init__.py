@@ -4,7 +4,8 @@ Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
 :class:`SquashedNormal` distribution (:mod:`.squashed_normal`), the
 :class:`MaskedCategorical` (:mod:`.categorical`), :class:`MultiDiscrete` and
 :class:`MultiBinary` (:mod:`.discrete`), the Beta on a box :class:`SquashedBeta`
-and its pre-image's :class:`LogitBeta` (:mod:`.beta`), the squashed Normal's constructors
+and its pre-image's :class:`LogitBeta` (:mod:`.beta`), the flow :class:`SquashedFlow`
+(:mod:`.flow`), the squashed Normal's and the flow's constructors
 from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 (:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
 never the other way round.
@@ -17,6 +18,7 @@ from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.composite import Composite, Parameterized
 from samplers.distributions.constructors import (
     normal_tanh,
+    squashed_flow,
     squashed_normal,
     squashed_normal_from_log_std,
     squashed_normal_from_std,
@@ -27,6 +29,7 @@ from samplers.distributions.diagnostics import (
     saturation_fraction,
 )
 from samplers.distributions.discrete import MultiBinary, MultiDiscrete
+from samplers.distributions.flow import SquashedFlow
 from samplers.distributions.replay import Replayable
 from samplers.distributions.squashed_normal import SquashedNormal
 
@@ -45,6 +48,7 @@ __all__ = [
     "Replayable",
     "Sigmoid",
     "SquashedBeta",
+    "SquashedFlow",
     "SquashedNormal",
     "Squashing",
     "Tanh",
@@ -53,6 +57,7 @@ __all__ = [
     "ppo_log_ratio_stats",
     "saturation_fraction",
     "squashed_beta",
+    "squashed_flow",
     "squashed_normal",
     "squashed_normal_from_log_std",
     "squashed_normal_from_std",

@@ -1,6 +1,7 @@
-"""Network outputs in, a :class:`SquashedNormal` out: the std parameterisations."""
+"""Network outputs in, a :class:`SquashedNormal` (or :class:`SquashedFlow`) out: the std
+parameterisations."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import distrax
 import jax
@@ -10,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float
 from samplers import _checks
 from samplers._numerics import softplus
 from samplers.distributions.bijectors import Tanh
+from samplers.distributions.flow import SquashedFlow
 from samplers.distributions.squashed_normal import SquashedNormal
 
 
@@ -52,6 +54,41 @@ def squashed_normal(
         >>> dist.batch_shape, dist.event_shape
         ((4,), (3,))
     """
+    mean, std = _mean_and_std(mean_and_std, min_std, std_scale)
+    return SquashedNormal(mean, std, bijector)
+
+
+def squashed_flow(
+    mean_and_std: Float[ArrayLike, "*batch params"],
+    layers: Sequence[distrax.Bijector] = (),
+    bijector: distrax.Bijector | None = None,
+    *,
+    min_std: float = 1e-3,
+    std_scale: float = 1.0,
+) -> SquashedFlow:
+    """Builds a :class:`SquashedFlow` from a network output ``[mean | raw_std]``.
+
+    The base Normal's ``mean`` and ``std`` are :func:`squashed_normal`'s (the same
+    dtype rules, floor and NaN policy); ``layers`` and ``bijector`` (``samplers.Tanh()``
+    by default) are :class:`SquashedFlow`'s.
+
+    Raises:
+        TypeError: as :func:`squashed_normal`, or a layer is not a distrax bijector on
+            vectors.
+        ValueError: as :func:`squashed_normal`.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> dist = samplers.squashed_flow(jnp.zeros((4, 6)))  # no layers: a squashed Normal
+        >>> dist.batch_shape, dist.event_shape
+        ((4,), (3,))
+    """
+    mean, std = _mean_and_std(mean_and_std, min_std, std_scale)
+    return SquashedFlow(mean, std, layers, Tanh() if bijector is None else bijector)
+
+
+def _mean_and_std(mean_and_std, min_std, std_scale) -> tuple[Array, Array]:
+    """The checked network output's ``mean`` and ``std``."""
     mean_and_std = _checks.float_parameters("mean_and_std", mean_and_std)
     min_std = _checks.real_number("min_std", min_std, minimum=0.0)
     std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
@@ -60,8 +97,7 @@ def squashed_normal(
             f"mean_and_std must have a last axis of even length 2 * action_dim "
             f"([mean | raw_std]), got shape {mean_and_std.shape}."
         )
-    mean, std = _mean_and_softplus_std(mean_and_std, min_std, std_scale)
-    return SquashedNormal(mean, std, bijector)
+    return _mean_and_softplus_std(mean_and_std, min_std, std_scale)
 
 
 @jax.jit  # one program, not one per operation, when called eagerly

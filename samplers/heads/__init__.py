@@ -12,6 +12,7 @@ from samplers.heads.beta import BetaSampler
 from samplers.heads.composite import CompositeSampler, ParameterizedSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
 from samplers.heads.distribution_sampler import DistributionSampler
+from samplers.heads.flow import FlowSampler
 from samplers.heads.functional import functional
 from samplers.heads.module import StatefulModule, StatefulModuleOutput
 from samplers.heads.spaces import head_for
@@ -28,6 +29,7 @@ __all__ = [
     "CategoricalSampler",
     "CompositeSampler",
     "DistributionSampler",
+    "FlowSampler",
     "MaskTable",
     "MultiBinarySampler",
     "MultiDiscreteSampler",

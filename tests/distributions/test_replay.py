@@ -66,6 +66,24 @@ def _parameterized(batch=(B,)):
     )
 
 
+def _flow(batch=(B,)):
+    """A squashed flow of one coupling layer that also sees features of the batch."""
+    features = _params(9, 2, batch)
+    weights = jnp.asarray(np.random.default_rng(10).normal(size=(A + 2, A, 2)) * 0.3, jnp.float32)
+
+    def conditioner(x):
+        seen = jnp.concatenate([x, jnp.broadcast_to(features, (*x.shape[:-1], 2))], -1)
+        return jnp.einsum("...i,ijk->...jk", seen, weights)
+
+    layer = distrax.MaskedCoupling(
+        jnp.arange(A) < 1,
+        conditioner,
+        lambda p: distrax.ScalarAffine(shift=p[..., 0], log_scale=p[..., 1]),
+    )
+    base = _tanh(batch)
+    return samplers.SquashedFlow(base.loc, base.scale, [layer])
+
+
 MAKERS = {
     "tanh": _tanh,
     "bounded": _bounded,
@@ -75,11 +93,20 @@ MAKERS = {
     "multi_binary": _multi_binary,
     "composite": _composite,
     "parameterized": _parameterized,
+    "flow": _flow,
 }
 # The default tier runs a squashed Normal and a composite (whose parts are a bounded
 # squashing, a categorical and bits); the other classes, the Beta's pre-image replay
 # (the squashed Normal's, shared) included, are slow.
-SLOW_CASES = ("bounded", "beta", "categorical", "multi_discrete", "multi_binary", "parameterized")
+SLOW_CASES = (
+    "bounded",
+    "beta",
+    "categorical",
+    "multi_discrete",
+    "multi_binary",
+    "parameterized",
+    "flow",
+)
 CASES = [
     slow(make, id=name) if name in SLOW_CASES else pytest.param(make, id=name)
     for name, make in MAKERS.items()
@@ -117,7 +144,7 @@ def _deterministic_action(dist):
         return jax.tree.map(_deterministic_action, dist.parts, is_leaf=_is_distribution)
     if isinstance(dist, samplers.SquashedBeta):
         return dist.mean()
-    if isinstance(dist, samplers.SquashedNormal):
+    if isinstance(dist, (samplers.SquashedNormal, samplers.SquashedFlow)):
         return dist.deterministic_action()
     return dist.mode()
 
@@ -134,11 +161,13 @@ def test_the_deterministic_data_is_the_documented_action(make):
 
 
 # One class per default run: the composite's parts sample each row from its key alike.
+# (A flow, whose layers may close over the whole batch, cannot be indexed.)
 @pytest.mark.parametrize(
     "make",
     [
         pytest.param(make, id=name) if name == "composite" else slow(make, id=name)
         for name, make in MAKERS.items()
+        if name != "flow"
     ],
 )
 def test_one_key_per_batch_element_draws_each_row_from_its_own_key(make):

@@ -22,7 +22,8 @@ from tests._tiers import slow
 
 
 def _heads(rngs, entropy="exact"):
-    """One head of each public kind, each with an exact entropy where it has a choice."""
+    """One head of each public kind, each with an exact entropy where it has a choice
+    (the flow's base entropy, which it has in closed form)."""
     box = {"entropy": entropy, "action_dim": 2}
     return {
         "NormalTanhSampler": samplers.NormalTanhSampler(rngs, 0.1, **box),
@@ -52,6 +53,14 @@ def _heads(rngs, entropy="exact"):
             features=5,
             entropy_weight=0.1,
             rngs=rngs,
+        ),
+        "FlowSampler": samplers.FlowSampler(
+            rngs,
+            0.1,
+            action_dim=2,
+            feature_dim=3,
+            entropy="base" if entropy == "exact" else entropy,
+            hidden_sizes=(8,),
         ),
         "ParameterizedSampler": samplers.ParameterizedSampler(
             samplers.CategoricalSampler(rngs, 0.1, 2),
@@ -175,7 +184,10 @@ def test_a_replay_or_an_eval_call_with_an_exact_entropy_draws_no_key_and_is_pure
                     dist.log_prob(extras),
                 )
             )
-            return jnp.sum(log_prob) - 0.1 * jnp.sum(dist.entropy())
+            # A flow has no closed-form entropy: its head's exact cost is the base's.
+            flow = isinstance(dist, samplers.SquashedFlow)
+            entropy = dist.distribution.entropy() if flow else dist.entropy()
+            return jnp.sum(log_prob) - 0.1 * jnp.sum(entropy)
 
         if name not in ("CompositeSampler", "ParameterizedSampler"):  # their own costs
             expected = jax.jit(jax.grad(pure))(inputs)

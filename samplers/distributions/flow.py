@@ -1,0 +1,283 @@
+"""A normalizing-flow policy: a Normal, learned layers, then a squashing.
+
+``x0 ~ N(loc, scale)`` goes through the layers ``g_1 .. g_K`` (bijectors on the
+action vector, such as distrax's ``MaskedCoupling``, whose conditioners may also see
+the state) and then an elementwise squashing ``f``: the action is
+``f(g_K(... g_1(x0)))``. The replay data is the base pre-image ``x0``, scored forward
+through the same layers, never through their inverses.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import distrax
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from samplers import _checks
+from samplers._numerics import HALF_LOG_2PI
+from samplers.distributions import _pre_images, _squashed
+from samplers.distributions.bijectors import Tanh, squashing
+from samplers.distributions.replay import Replayable, SampleShape, Seed
+
+_TANH = Tanh()
+
+
+class SquashedFlow(distrax.Transformed, Replayable):
+    """``f(g_K(... g_1(x0)))`` with ``x0 ~ N(loc, scale)``: a flow between a diagonal
+    Normal and an elementwise squashing.
+
+    The density is ``log p(a) = log N(x0; loc, scale) - sum_k log|det J_k(x_{k-1})|
+    - sum log|f'(x_K)|``, each layer's log-determinant from the layer itself (for a
+    coupling layer, the sum of its elementwise transform's over the transformed
+    dimensions: its Jacobian is triangular). Shapes: ``loc`` and ``scale`` are
+    ``[*batch, action]``; the batch shape is ``[*batch]`` and the event shape
+    ``[action]``. This is ``distrax.Transformed(Independent(Normal(loc, scale), 1),
+    Chain([Block(f, 1), g_K, ..., g_1]))``, and its ``log_prob`` agrees with that
+    object's wherever the inverses are finite.
+
+    Numerical caveat: once ``f`` saturates (``tanh`` rounds to +-1 in float32 from
+    ``|x_K| ~ 9``), the action no longer tells which pre-image produced it, and the
+    inverse path (distrax's ``log_prob``) is NaN or infinite. The replay data is
+    therefore the base pre-image ``x0``: :meth:`log_prob_from_pre_image` scores it
+    through the layers' forward passes, finite for any finite ``x0``, and a sample
+    remembers its ``x0`` so that ``dist.log_prob`` of the very array :meth:`sample`
+    returned scores it. Any other action is scored through the inverses
+    (``distrax.Transformed.log_prob``): NaN or infinite on a bound, never a
+    plausible finite number. ``entropy()`` has no closed form; see
+    :meth:`entropy_estimate`.
+
+    Parameters are not checked: a NaN or infinite ``loc`` or ``scale``, or a
+    ``scale`` that is not positive, makes that dimension's ``loc`` and ``scale`` NaN,
+    as in :class:`samplers.SquashedNormal`.
+
+    Args:
+        loc: Means of the base Normal, shape ``[*batch, action]``.
+        scale: Its standard deviations, the same shape, positive.
+        layers: Bijectors on the action vector (``event_ndims_in == 1``) that keep
+            its shape, applied in order (``layers[0]`` first); ``()`` gives the
+            squashed Normal.
+        bijector: The elementwise squashing ``f``, applied last (tanh by default).
+
+    Raises:
+        TypeError: a layer is not a distrax bijector on vectors.
+        ValueError: ``loc`` and ``scale`` differ in shape, or ``bijector`` is not
+            elementwise.
+
+    Example:
+        >>> import distrax, jax, jax.numpy as jnp, samplers
+        >>> layer = distrax.MaskedCoupling(
+        ...     jnp.array([True, False]),
+        ...     lambda x: jnp.stack([x, x], -1),
+        ...     lambda p: distrax.ScalarAffine(shift=p[..., 0], log_scale=0.5 * p[..., 1]),
+        ... )
+        >>> dist = samplers.SquashedFlow(jnp.array([0.0, 30.0]), jnp.ones(2), [layer])
+        >>> action, pre_image, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
+        >>> float(action[1]), bool(jnp.isfinite(log_prob))  # on the bound, finite
+        (1.0, True)
+        >>> bool(dist.replay(pre_image)[1] == log_prob)  # the stored pre-image replays it
+        True
+    """
+
+    def __init__(
+        self,
+        loc: Float[Array, "*batch action"],
+        scale: Float[Array, "*batch action"],
+        layers: Sequence[distrax.Bijector] = (),
+        bijector: distrax.Bijector = _TANH,
+    ):
+        if jnp.shape(loc) != jnp.shape(scale) or jnp.ndim(loc) < 1:
+            raise ValueError(
+                f"loc and scale must have the same shape [*batch, action], got "
+                f"{jnp.shape(loc)} and {jnp.shape(scale)}."
+            )
+        layers = tuple(layers)
+        for index, layer in enumerate(layers):
+            if not isinstance(layer, distrax.Bijector) or layer.event_ndims_in != 1:
+                raise TypeError(
+                    f"layers[{index}] must be a distrax bijector on the action vector "
+                    f"(event_ndims_in == 1, e.g. distrax.MaskedCoupling), got "
+                    f"{type(layer).__name__}; wrap an elementwise one as distrax.Block(b, 1)."
+                )
+        bijector = distrax.as_bijector(bijector)
+        if bijector.event_ndims_in != 0:
+            raise ValueError(
+                f"bijector must be elementwise (event_ndims_in == 0), got {bijector.name} "
+                f"with event_ndims_in={bijector.event_ndims_in}; pass e.g. samplers.Tanh()."
+            )
+        loc, scale = _squashed.nan_where_invalid(loc, scale)
+        chain = distrax.Chain([distrax.Block(bijector, 1), *reversed(layers)])
+        super().__init__(distrax.Independent(distrax.Normal(loc, scale), 1), chain)
+        self._loc, self._scale = loc, scale
+        self._layers, self._squashing = layers, bijector
+
+    @property
+    def loc(self) -> Float[Array, "*batch action"]:
+        """The base Normal's mean."""
+        return self._loc
+
+    @property
+    def scale(self) -> Float[Array, "*batch action"]:
+        """The base Normal's standard deviation."""
+        return self._scale
+
+    @property
+    def layers(self) -> tuple[distrax.Bijector, ...]:
+        """The flow's layers, in the order they are applied."""
+        return self._layers
+
+    @property
+    def squashing(self) -> distrax.Bijector:
+        """The elementwise bijector applied last."""
+        return self._squashing
+
+    def _through_layers(self, pre_image) -> tuple[Array, Array]:
+        """``(x_K, sum_k log|det J_k|)`` for the base pre-image ``x0``."""
+        x, log_det = pre_image, jnp.zeros(pre_image.shape[:-1], pre_image.dtype)
+        for layer in self._layers:
+            y, layer_log_det = layer.forward_and_log_det(x)
+            if jnp.shape(y) != jnp.shape(x):
+                raise ValueError(
+                    f"a flow layer ({type(layer).__name__}) changed the shape {x.shape} to "
+                    f"{jnp.shape(y)}; each layer must keep the action shape."
+                )
+            x, log_det = jnp.asarray(y), log_det + layer_log_det
+        return x, log_det
+
+    def _squash(self, x) -> Array:
+        """``f(x)``, for the squashings differentiated with ``f'(x) > 0`` also on a bound."""
+        if squashing(self._squashing) is None:
+            return jnp.asarray(self._squashing.forward(x))
+        return _squashed.squashing_forward(self._squashing, x)
+
+    def forward_and_log_prob(
+        self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
+    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
+        """The action of the base pre-image ``x0`` and its log-density, in one forward
+        pass through the layers, with no inverse.
+
+        ``pre_image`` broadcasts with ``[*batch, action]``. Gradients reach ``loc``,
+        ``scale``, ``pre_image`` and whatever the layers close over (a conditioner's
+        parameters), also where the action rounded onto a bound.
+        """
+        pre_image = _checks.float_array("pre_image", pre_image)
+        try:
+            shape = jnp.broadcast_shapes(pre_image.shape, self._loc.shape)
+        except ValueError:
+            raise ValueError(
+                f"pre_image must broadcast with the distribution's shape [*batch, action] = "
+                f"{self._loc.shape}, got {pre_image.shape}; give it shape "
+                f"[*sample, *batch, action]."
+            ) from None
+        dtype = jnp.result_type(pre_image, self._loc)
+        x0, loc, scale = (
+            jnp.broadcast_to(a, shape).astype(dtype) for a in (pre_image, self._loc, self._scale)
+        )
+        x, layers_log_det = self._through_layers(x0)
+        log_normal = jnp.sum(_squashed.log_normal(x0, loc, scale), axis=-1)
+        squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(x), axis=-1)
+        return self._squash(x), log_normal - layers_log_det - squash_log_det
+
+    def log_prob_from_pre_image(
+        self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
+    ) -> Float[Array, "*sample_and_batch"]:
+        """The log-density of the action of the base pre-image ``x0``, from ``x0`` alone
+        (see :meth:`forward_and_log_prob`): the replay's score."""
+        return self.forward_and_log_prob(pre_image)[1]
+
+    def sample_pre_image(self, *, seed: PRNGKeyArray | int) -> Float[Array, "*batch action"]:
+        """Draws ``x0 = loc + scale * eps``, reparameterised; ``seed`` is one key (or an
+        integer) or one typed key per batch element."""
+        return self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
+
+    def _remember(self, pre_image, action) -> Array:
+        _pre_images.PRE_IMAGES.remember(action, pre_image, self.bijector)
+        return action
+
+    def sample_replay_data(self, *, seed) -> Array:
+        """:meth:`sample_pre_image`: the base pre-image is the replay data."""
+        return self.sample_pre_image(seed=seed)
+
+    def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
+        """``loc``: the deterministic action is the flow and squashing of the base mean."""
+        return self._loc
+
+    def replay(self, replay_data) -> tuple[Float[Array, "*batch action"], Float[Array, "*batch"]]:
+        """The action of the stored base pre-image (remembered, as a sample's) and its
+        log-density."""
+        action, log_prob = self.forward_and_log_prob(replay_data)
+        return self._remember(replay_data, action), log_prob
+
+    def check_replay_data(self, replay_data) -> Array:
+        """A stored base pre-image of the action shape, floating, at the parameters' precision."""
+        return _checks.replayed_pre_image(
+            replay_data, self._loc.shape, self._loc.dtype, hint=" (the stored base pre-image)"
+        )
+
+    def deterministic_action(self) -> Float[Array, "*batch action"]:
+        """The action of ``loc`` (remembered: ``log_prob`` of it scores ``loc``)."""
+        return self.replay(self._loc)[0]
+
+    def sample(self, *, seed: Seed, sample_shape: SampleShape = ()) -> Array:
+        """Samples actions, remembering their base pre-images: ``log_prob`` of the
+        returned array scores them forward. Shape ``[*sample_shape, *batch, action]``."""
+        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        return self._remember(pre_image, self.forward_and_log_prob(pre_image)[0])
+
+    def sample_and_log_prob(
+        self, *, seed: Seed, sample_shape: SampleShape = ()
+    ) -> tuple[Array, Array]:
+        """The draws of :meth:`sample` and their log-densities, with no inverse."""
+        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        action, log_prob = self.forward_and_log_prob(pre_image)
+        return self._remember(pre_image, action), log_prob
+
+    def log_prob(self, value: Float[ArrayLike, "*value_batch action"]) -> Array:
+        """A sample's log-density from its remembered base pre-image; any other
+        action's through the inverses (``distrax.Transformed.log_prob``), NaN or
+        infinite where an inverse is (on a bound)."""
+        pre_image = _pre_images.PRE_IMAGES.recall(value, self.bijector)
+        if pre_image is not None:
+            return self.log_prob_from_pre_image(pre_image)
+        return jnp.asarray(super().log_prob(value))
+
+    def entropy(self, input_hint: Any = None) -> Array:
+        """Not available: a flow's entropy has no closed form.
+
+        Raises:
+            NotImplementedError: always; use :meth:`entropy_estimate`.
+        """
+        raise NotImplementedError(
+            "SquashedFlow has no closed-form entropy; use "
+            "dist.entropy_estimate(seed=key, num_samples=n), an unbiased estimate."
+        )
+
+    def entropy_estimate(
+        self, *, seed: PRNGKeyArray | int, num_samples: int = 1
+    ) -> Float[Array, "*batch"]:
+        """A reparameterised Monte Carlo estimate of the entropy, in nats.
+
+        The base Normal's entropy in closed form plus the mean, over ``num_samples``
+        draws of ``eps`` (gradient stopped), of the log-determinant of the layers and
+        the squashing at ``x0 = loc + scale * eps``: unbiased, with a variance that
+        falls as ``1 / num_samples``. With no layers it is
+        :meth:`samplers.SquashedNormal.entropy_estimate` for the same draws. Gradients
+        reach ``loc``, ``scale`` and the layers' parameters.
+
+        Raises:
+            TypeError: ``num_samples`` is not an integer.
+            ValueError: ``num_samples`` is not positive.
+        """
+        num_samples = _checks.positive_int("num_samples", num_samples)
+        eps = jax.lax.stop_gradient(_pre_images.standard_normal(seed, self._loc, num_samples))
+        x, layers_log_det = self._through_layers(self._loc[None] + self._scale[None] * eps)
+        log_det = layers_log_det + jnp.sum(self._squashing.forward_log_det_jacobian(x), -1)
+        normal = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(self._scale), axis=-1)
+        return normal + jnp.mean(log_det, axis=0)
+
+    def __getitem__(self, index) -> "SquashedFlow":
+        raise NotImplementedError(
+            "a SquashedFlow cannot be indexed: its layers may close over the whole batch "
+            "(a conditioner's features); build the distribution from the rows you need."
+        )

@@ -1,0 +1,227 @@
+"""The flow head: a squashed Normal with learned, state-conditioned layers between.
+
+The network output is ``[mean | raw_std | features]``; coupling layers whose
+conditioners (MLPs held by the head) see the untouched action dimensions and the
+features move the Normal's sample before the squashing. The replay data is the base
+pre-image, scored forward through the same layers (:class:`samplers.SquashedFlow`).
+The call is :class:`samplers.ActionSampler`'s.
+"""
+
+import itertools
+from collections.abc import Sequence
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float
+
+from samplers import _checks
+from samplers.distributions.constructors import squashed_flow
+from samplers.distributions.flow import SquashedFlow
+from samplers.heads.squashed_normal import Entropy, SquashedNormalSampler
+
+# An affine layer's log-scale is bounded by a soft clamp, so that one step of
+# training cannot make a layer's scale overflow.
+_MAX_LOG_SCALE = 3.0
+_TRANSFORMS = ("affine", "spline")
+
+
+class FlowSampler(SquashedNormalSampler):
+    """Samples ``f(g_K(... g_1(x0)))``, ``x0 ~ N(mean, std)``, with learned coupling
+    layers ``g_k`` conditioned on state features.
+
+    The input's last axis is ``[mean | raw_std | features]``: ``2 * action_dim``
+    parameters of the base Normal (``std = (softplus(raw_std) + min_std) *
+    std_scale``, as in :class:`samplers.SquashedNormalSampler`) followed by
+    ``feature_dim`` features of the state. Layer ``k`` is a
+    ``distrax.MaskedCoupling``: the dimensions its mask keeps are passed through,
+    and each other dimension goes through an elementwise transform whose
+    parameters an MLP computes from the kept dimensions and the features. The
+    masks alternate between layers; with one action dimension, every layer
+    transforms it, conditioned on the features alone. The MLPs are this module's
+    parameters (``nnx.Param``), trained with the network that feeds the head. Their
+    last layer starts at zero, so a new head is the squashed-Normal head: the
+    layers start as the identity.
+
+    The replay data is the base pre-image ``x0``; a replay scores it forward through
+    the layers (no inverse), so the first PPO ratio is exactly 1 and a saturated
+    action stays finite. The entropy has no closed form: ``entropy`` is
+    ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
+    draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
+    ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).
+
+    Args:
+        rngs: The ``nnx.Rngs`` that initialises the MLPs (its ``params`` stream) and
+            that the head draws from (its ``rng_collection`` stream, see
+            :class:`samplers.ActionSampler`).
+        entropy_weight: Weight of the entropy bonus, finite (required).
+        action_dim: The action dimension (required).
+        feature_dim: The width of the features after ``[mean | raw_std]``; 0 for a
+            flow that does not see the state.
+        num_layers: How many coupling layers, at least 1.
+        transform: ``"affine"`` (a shift and a scale whose log is softly clamped
+            to ``(-3, 3)``) or ``("spline", num_bins)``, a rational-quadratic
+            spline (distrax's, identity slopes at its ends) on ``[-5, 5]`` with
+            ``num_bins`` bins (``"spline"``: 8), the identity outside.
+        hidden_sizes: The MLPs' hidden widths.
+        min_std: Floor added to the softplus.
+        std_scale: Multiplies the std.
+        bijector: The elementwise squashing (``samplers.Tanh()`` by default).
+        entropy: ``"sample"``, ``("sample", n)`` or ``"base"``, as above.
+        reparameterized: If True, a fresh sample keeps its pathwise gradient (SAC).
+        per_env_streams: One random stream per environment in the carry state.
+        log_ratio_metrics: As in :class:`samplers.SquashedNormalSampler`.
+        rng_collection: The stream keys are drawn from.
+
+    Raises:
+        TypeError: ``rngs`` is not an ``nnx.Rngs``.
+        ValueError: an option is out of range, or ``entropy`` is ``"exact"`` or
+            ``"quadrature"``, which a flow does not have.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from flax import nnx
+        >>> head = samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=2, feature_dim=3)
+        >>> head.num_params
+        7
+        >>> out = head((), jnp.zeros((5, 7)))
+        >>> again = head((), jnp.zeros((5, 7)), out.rollout_extras)
+        >>> bool(jnp.all(again.output["log_likelihood"] == out.output["log_likelihood"]))
+        True
+    """
+
+    def __init__(
+        self,
+        rngs: nnx.Rngs | None = None,
+        entropy_weight: float | None = None,
+        *,
+        action_dim: int | None = None,
+        feature_dim: int = 0,
+        num_layers: int = 2,
+        transform: str | tuple[str, int] = "affine",
+        hidden_sizes: Sequence[int] = (64, 64),
+        min_std: float = 1e-3,
+        std_scale: float = 1.0,
+        bijector: distrax.Bijector | None = None,
+        entropy: Entropy = "sample",
+        reparameterized: bool = False,
+        per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
+        rng_collection: str = "action",
+    ):
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(
+                f"FlowSampler needs an nnx.Rngs (it initialises its MLPs from it), got "
+                f"{type(rngs).__name__}; pass e.g. nnx.Rngs(0)."
+            )
+        if action_dim is None:
+            raise ValueError("FlowSampler needs action_dim=, the action dimension.")
+        super().__init__(
+            rngs,
+            entropy_weight,
+            min_std,
+            std_scale,
+            action_dim=action_dim,
+            bijector=bijector,
+            entropy=entropy,
+            reparameterized=reparameterized,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+        )
+        if self.entropy[0] not in ("sample", "base"):
+            raise ValueError(
+                f"a flow has no closed-form or quadrature entropy; pass entropy='sample', "
+                f"('sample', n) or 'base', got {entropy!r}."
+            )
+        if isinstance(feature_dim, bool) or not isinstance(feature_dim, (int, np.integer)):
+            raise TypeError(f"feature_dim must be an integer >= 0, got {feature_dim!r}.")
+        if feature_dim < 0:
+            raise ValueError(f"feature_dim must be an integer >= 0, got {feature_dim}.")
+        self.feature_dim = int(feature_dim)
+        num_layers = _checks.positive_int("num_layers", num_layers)
+        self.transform = _transform_choice(transform)
+        action = self.action_dim
+        assert action is not None
+        width = 2 if self.transform[0] == "affine" else 3 * self.transform[1] + 1
+        self.conditioners = nnx.List(
+            [
+                _Conditioner(action + self.feature_dim, hidden_sizes, action * width, rngs)
+                for _ in range(num_layers)
+            ]
+        )
+
+    @property
+    def num_params(self) -> int:
+        """``2 * action_dim + feature_dim``: ``[mean | raw_std | features]``."""
+        assert self.action_dim is not None
+        return 2 * self.action_dim + self.feature_dim
+
+    # A flow head is a squashed-Normal head whose distribution has layers: SquashedFlow
+    # answers every method of it that the base class calls.
+    def _distribution(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self, inputs: Float[Array, "*batch params"], mask=None
+    ) -> SquashedFlow:
+        self._check_width(inputs, "[mean | raw_std | features]", "2 * action_dim + feature_dim")
+        split = self.num_params - self.feature_dim
+        features = inputs[..., split:]
+        layers = [self._layer(index, features) for index in range(len(self.conditioners))]
+        return squashed_flow(
+            inputs[..., :split],
+            layers,
+            self.bijector,
+            min_std=self.min_std,
+            std_scale=self.std_scale,
+        )
+
+    def _layer(self, index: int, features) -> distrax.MaskedCoupling:
+        """Coupling layer ``index``, its conditioner seeing ``features``."""
+        action = (self.num_params - self.feature_dim) // 2
+        keep = np.arange(action) % 2 == index % 2 if action > 1 else np.zeros(1, bool)
+        conditioner = self.conditioners[index]
+
+        def parameters(kept):
+            shape = (*kept.shape[:-1], features.shape[-1])
+            seen = jnp.concatenate([kept, jnp.broadcast_to(features, shape)], axis=-1)
+            return conditioner(seen).reshape(*kept.shape, -1)
+
+        return distrax.MaskedCoupling(jnp.asarray(keep), parameters, self._inner)
+
+    def _inner(self, params) -> distrax.Bijector:
+        """The elementwise transform of one coupling layer, from its parameters."""
+        if self.transform[0] == "affine":
+            log_scale = _MAX_LOG_SCALE * jnp.tanh(params[..., 1] / _MAX_LOG_SCALE)
+            return distrax.ScalarAffine(shift=params[..., 0], log_scale=log_scale)
+        return distrax.RationalQuadraticSpline(
+            params, range_min=-5.0, range_max=5.0, boundary_slopes="identity"
+        )
+
+
+class _Conditioner(nnx.Module):
+    """An MLP whose last layer starts at zero (its layer starts as the identity)."""
+
+    def __init__(self, size_in: int, hidden_sizes: Sequence[int], size_out: int, rngs):
+        sizes = [size_in, *(int(h) for h in hidden_sizes)]
+        self.hidden = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
+        zeros = nnx.initializers.zeros_init()
+        self.out = nnx.Linear(sizes[-1], size_out, kernel_init=zeros, bias_init=zeros, rngs=rngs)
+
+    def __call__(self, x: Array) -> Array:
+        for layer in self.hidden:
+            x = jax.nn.relu(layer(x))
+        return self.out(x)
+
+
+def _transform_choice(transform) -> tuple[str, int]:
+    """``transform`` as ``(name, num_bins)`` (0 bins for ``"affine"``)."""
+    if transform == "affine":
+        return "affine", 0
+    if transform == "spline":
+        return "spline", 8
+    if isinstance(transform, tuple) and len(transform) == 2 and transform[0] == "spline":
+        return "spline", _checks.positive_int("the bins in transform", transform[1])
+    raise ValueError(
+        f"transform must be 'affine', 'spline' or ('spline', num_bins), got {transform!r}."
+    )

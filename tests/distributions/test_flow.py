@@ -1,0 +1,321 @@
+"""The flow distribution against outside references: a float64 formula written here,
+distrax's ``Transformed`` and TFP's ``RealNVP`` built from the same layers, finite
+differences; the replay on saturated samples, where the inverse path is NaN."""
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorflow_probability.substrates import jax as tfp
+
+import samplers
+from tests._tiers import slow
+
+tfb, tfd = tfp.bijectors, tfp.distributions
+
+B, A, F = 16, 3, 2
+# Layer k keeps the first KEPT[k] dimensions (TFP's RealNVP keeps a prefix) and moves
+# the others by an affine map whose shift and log-scale are linear in what it keeps
+# and in the features.
+KEPT = (2, 1)
+
+
+def _weights(seed, on_action=0.2):
+    """Per layer, the weights on the kept dimensions, on the features, and the bias."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            rng.normal(size=(A, A, 2)) * on_action,
+            rng.normal(size=(F, A, 2)) * 0.3,
+            rng.normal(size=(A, 2)) * 0.2,
+        )
+        for _ in KEPT
+    ]
+
+
+def _keep(kept):
+    return np.arange(A) < kept
+
+
+def _affine_layers(weights, features):
+    """The layers as distrax ``MaskedCoupling``s."""
+    layers = []
+    for kept, (w, v, b) in zip(KEPT, weights, strict=True):
+
+        def conditioner(x, w=w, v=v, b=b):
+            seen = jnp.broadcast_to(features, (*x.shape[:-1], F))
+            p = jnp.einsum("...i,ijk->...jk", x, w) + jnp.einsum("...i,ijk->...jk", seen, v)
+            return p + jnp.broadcast_to(b, p.shape)
+
+        layers.append(
+            distrax.MaskedCoupling(
+                jnp.asarray(_keep(kept)),
+                conditioner,
+                lambda p: distrax.ScalarAffine(shift=p[..., 0], log_scale=p[..., 1]),
+            )
+        )
+    return layers
+
+
+def _float64_log_prob(x0, loc, scale, weights, features):
+    """``log N(x0) - sum log-scales - sum log(1 - tanh(x_K)^2)``, in numpy float64."""
+    log_prob = np.sum(
+        -0.5 * ((x0 - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi), -1
+    )
+    x = x0
+    for kept, (w, v, b) in zip(KEPT, weights, strict=True):
+        keep = _keep(kept)
+        p = (
+            np.einsum("...i,ijk->...jk", np.where(keep, x, 0.0), w)
+            + np.einsum("...i,ijk->...jk", features, v)
+            + b
+        )
+        moved = x * np.exp(p[..., 1]) + p[..., 0]
+        x = np.where(keep, x, moved)
+        log_prob -= np.sum(np.where(keep, 0.0, p[..., 1]), -1)
+    log_det_tanh = np.log(4.0) - 2.0 * np.logaddexp(x, -x)
+    return log_prob - np.sum(log_det_tanh, -1), np.tanh(x)
+
+
+def _inputs(seed, spread=1.0):
+    rng = np.random.default_rng(seed)
+    loc = rng.normal(size=(B, A)) * spread
+    scale = np.exp(rng.normal(size=(B, A)) * 0.5)
+    features = rng.normal(size=(B, F))
+    x0 = loc + scale * rng.normal(size=(B, A))
+    return loc, scale, features, x0
+
+
+def _flow(loc, scale, weights, features, dtype=jnp.float32):
+    cast = [tuple(jnp.asarray(a, dtype) for a in layer) for layer in weights]
+    return samplers.SquashedFlow(
+        jnp.asarray(loc, dtype),
+        jnp.asarray(scale, dtype),
+        _affine_layers(cast, jnp.asarray(features, dtype)),
+    )
+
+
+def test_log_prob_matches_a_float64_formula_distrax_and_tfp():
+    loc, scale, features, x0 = _inputs(0, spread=0.5)
+    x0 = x0 / 2
+    weights = _weights(1, on_action=0.1)
+    expected, action64 = _float64_log_prob(x0, loc, scale, weights, features)
+    assert np.all(np.abs(np.arctanh(action64)) < 4)  # away from saturation: inverses finite
+    dist = _flow(loc, scale, weights, features)
+    action, log_prob = dist.forward_and_log_prob(jnp.asarray(x0, jnp.float32))
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(action, action64, atol=2e-6)
+    # distrax's Transformed of the same layers, built here, scores the action
+    # through the inverses.
+    f32 = [tuple(jnp.asarray(a, jnp.float32) for a in w) for w in weights]
+    layers = _affine_layers(f32, jnp.asarray(features, jnp.float32))
+    base = distrax.Independent(
+        distrax.Normal(jnp.asarray(loc, jnp.float32), jnp.asarray(scale, jnp.float32)), 1
+    )
+    theirs = distrax.Transformed(
+        base, distrax.Chain([distrax.Block(distrax.Tanh(), 1), *reversed(layers)])
+    )
+    np.testing.assert_allclose(theirs.log_prob(action), expected, rtol=1e-5, atol=1e-5)
+    # TFP's RealNVP keeps the first num_masked dimensions, as the layers here do.
+    feats = jnp.asarray(features, jnp.float32)
+
+    def real_nvp(kept, w, v, b):
+        def shift_and_log_scale(x, units):
+            p = jnp.einsum("...i,ijk->...jk", x, w[:kept]) + jnp.einsum("...i,ijk->...jk", feats, v)
+            p = p + jnp.broadcast_to(b, p.shape)
+            return p[..., kept:, 0], p[..., kept:, 1]
+
+        return tfb.RealNVP(num_masked=kept, shift_and_log_scale_fn=shift_and_log_scale)
+
+    chain = tfb.Chain(
+        [tfb.Tanh(), *(real_nvp(k, *w) for k, w in reversed(list(zip(KEPT, f32, strict=True))))]
+    )
+    tfp_dist = tfd.TransformedDistribution(
+        tfd.Independent(tfd.Normal(base.distribution.loc, base.distribution.scale), 1), chain
+    )
+    with jax.numpy_rank_promotion("allow"):  # TFP's RealNVP broadcasts implicitly
+        tfp_log_prob = tfp_dist.log_prob(action)
+    np.testing.assert_allclose(tfp_log_prob, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_spline_layers_score_as_distrax_transformed_scores_through_the_inverses():
+    loc, scale, features, x0 = _inputs(15, spread=0.5)
+    x0 = x0 / 2
+    rng = np.random.default_rng(16)
+    bins = 8
+    weights = [
+        jnp.asarray(rng.normal(size=(A + F, A, 3 * bins + 1)) * 0.2, jnp.float32) for _ in KEPT
+    ]
+    feats = jnp.asarray(features, jnp.float32)
+
+    def layers():
+        made = []
+        for kept, w in zip(KEPT, weights, strict=True):
+
+            def conditioner(x, w=w):
+                seen = jnp.concatenate([x, jnp.broadcast_to(feats, (*x.shape[:-1], F))], -1)
+                return jnp.einsum("...i,ijk->...jk", seen, w)
+
+            made.append(
+                distrax.MaskedCoupling(
+                    jnp.asarray(_keep(kept)),
+                    conditioner,
+                    lambda p: distrax.RationalQuadraticSpline(
+                        p, -5.0, 5.0, boundary_slopes="identity"
+                    ),
+                )
+            )
+        return made
+
+    loc32, scale32 = jnp.asarray(loc, jnp.float32), jnp.asarray(scale, jnp.float32)
+    dist = samplers.SquashedFlow(loc32, scale32, layers())
+    action, log_prob = dist.forward_and_log_prob(jnp.asarray(x0, jnp.float32))
+    assert np.all(np.abs(np.asarray(action)) < 0.995)
+    base = distrax.Independent(distrax.Normal(loc32, scale32), 1)
+    theirs = distrax.Transformed(
+        base, distrax.Chain([distrax.Block(distrax.Tanh(), 1), *reversed(layers())])
+    )
+    np.testing.assert_allclose(theirs.log_prob(np.array(action)), log_prob, rtol=1e-5, atol=1e-5)
+    # The splines moved the sample: this is not the squashed Normal.
+    plain = samplers.squashed_normal_from_std(loc32, scale32).log_prob_from_pre_image(
+        jnp.asarray(x0, jnp.float32)
+    )
+    assert np.max(np.abs(plain - log_prob)) > 0.1
+
+
+def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite():
+    loc, scale, features, _ = _inputs(2)
+    loc = loc + 60.0  # tanh rounds to 1 in float32, after the layers too
+    # The layers see the features alone, so they keep the sample saturated.
+    dist = _flow(loc, scale, _weights(3, on_action=0.0), features)
+    action, pre_image, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
+    assert np.all(np.abs(np.asarray(action)) == 1.0)
+    assert np.all(np.isfinite(log_prob))
+    stored = np.array(pre_image)
+    replayed = dist.replay(dist.check_replay_data(stored))[1]
+    np.testing.assert_array_equal(np.exp(replayed - log_prob), 1.0)  # the first PPO ratio
+    np.testing.assert_array_equal(dist.log_prob(action), log_prob)  # the distrax idiom
+    # An equal copy of the action is scored through the inverses: not finite, never
+    # a plausible number.
+    assert not np.any(np.isfinite(dist.log_prob(np.array(action))))
+    expected, _ = _float64_log_prob(
+        np.asarray(stored, np.float64), loc, scale, _weights(3, on_action=0.0), features
+    )
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_gradients_match_float64_central_differences():
+    loc, scale, features, x0 = _inputs(4)
+    weights = _weights(5)
+    with jax.enable_x64(True):
+
+        def total(loc, scale, x0, w0):
+            layers = [(w0, *weights[0][1:]), *weights[1:]]
+            dist = _flow(loc, scale, layers, features, jnp.float64)
+            return dist.log_prob_from_pre_image(x0).sum()
+
+        args = [jnp.asarray(a) for a in (loc, scale, x0, weights[0][0])]
+        grads = jax.grad(total, argnums=(0, 1, 2, 3))(*args)
+        for index, grad in enumerate(grads):
+            value = np.asarray(args[index])
+            step = 1e-6
+            numeric = np.zeros_like(value)
+            for i in np.ndindex(value.shape):
+                up, down = value.copy(), value.copy()
+                up[i] += step
+                down[i] -= step
+                moved = [*args]
+                moved[index] = jnp.asarray(up)
+                high = total(*moved)
+                moved[index] = jnp.asarray(down)
+                numeric[i] = (high - total(*moved)) / (2 * step)
+            np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_without_layers_it_is_the_squashed_normal():
+    loc, scale, _, x0 = _inputs(6, spread=4.0)
+    loc32, scale32, x32 = (jnp.asarray(a, jnp.float32) for a in (loc, scale, x0))
+    flow = samplers.SquashedFlow(loc32, scale32)
+    normal = samplers.squashed_normal_from_std(loc32, scale32)
+    np.testing.assert_allclose(
+        flow.log_prob_from_pre_image(x32), normal.log_prob_from_pre_image(x32), rtol=1e-6
+    )
+    key = jax.random.key(7)
+    np.testing.assert_array_equal(
+        flow.sample_pre_image(seed=key), normal.sample_pre_image(seed=key)
+    )
+    np.testing.assert_allclose(
+        flow.entropy_estimate(seed=key, num_samples=3),
+        normal.entropy_estimate(seed=key, num_samples=3),
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.slow
+def test_the_entropy_estimate_is_unbiased():
+    """With layers that see the features alone, the flow is an elementwise affine map of
+    the Normal: a squashed Normal, whose exact entropy is the oracle."""
+    loc, scale, features, _ = _inputs(8)
+    rng = np.random.default_rng(9)
+    weights = [
+        (np.zeros((A, A, 2)), rng.normal(size=(F, A, 2)) * 0.4, rng.normal(size=(A, 2)) * 0.3)
+        for _ in KEPT
+    ]
+    dist = _flow(loc, scale, weights, features)
+    n = 20000
+    estimates = jax.vmap(lambda k: dist.entropy_estimate(seed=k))(
+        jax.random.split(jax.random.key(10), n)
+    )
+    # The same map in closed form: x -> x * exp(ls) + sh on the dimensions each layer moves.
+    mean, std = loc.copy(), scale.copy()
+    for kept, (_, v, b) in zip(KEPT, weights, strict=True):
+        p = np.einsum("...i,ijk->...jk", features, v) + b
+        moved = ~_keep(kept)
+        mean = np.where(moved, mean * np.exp(p[..., 1]) + p[..., 0], mean)
+        std = np.where(moved, std * np.exp(p[..., 1]), std)
+    with jax.enable_x64(True):
+        exact = np.asarray(
+            samplers.squashed_normal_from_std(jnp.asarray(mean), jnp.asarray(std)).entropy()
+        )
+    error = np.asarray(estimates, np.float64).mean(0) - exact
+    standard_error = np.asarray(estimates, np.float64).std(0) / np.sqrt(n)
+    assert np.all(np.abs(error) < 4.5 * standard_error + 1e-5), (error, standard_error)
+    # The single-draw estimate's spread is real: it is an estimate, not the entropy.
+    assert np.all(standard_error > 0)
+
+
+def test_what_a_flow_does_not_have_is_refused_with_the_fix():
+    loc, scale, features, _ = _inputs(11)
+    dist = _flow(loc, scale, _weights(12), features)
+    with pytest.raises(NotImplementedError, match="entropy_estimate"):
+        dist.entropy()
+    with pytest.raises(NotImplementedError, match="cannot be indexed"):
+        dist[0]
+    with pytest.raises(
+        TypeError, match=r"layers\[0\] must be a distrax bijector on the action vector"
+    ):
+        samplers.SquashedFlow(jnp.zeros(2), jnp.ones(2), [distrax.Tanh()])
+    with pytest.raises(ValueError, match="same shape"):
+        samplers.SquashedFlow(jnp.zeros(2), jnp.ones(3))
+    with pytest.raises(ValueError, match="elementwise"):
+        samplers.SquashedFlow(jnp.zeros(2), jnp.ones(2), (), distrax.Block(distrax.Tanh(), 1))
+    with pytest.raises(ValueError, match="rollout_extras"):
+        dist.check_replay_data(np.zeros((B, A + 1), np.float32))
+
+
+@pytest.mark.parametrize("spread", [0.5, slow(3.0, id="3.0")])
+def test_a_stored_action_away_from_the_bounds_scores_through_the_inverses(spread):
+    loc, scale, features, x0 = _inputs(13, spread)
+    dist = _flow(loc, scale, _weights(14), features)
+    action, log_prob = dist.forward_and_log_prob(jnp.asarray(x0, jnp.float32))
+    inner = np.abs(np.asarray(action)) < 0.99
+    copy = np.array(action)
+    np.testing.assert_allclose(
+        np.asarray(dist.log_prob(copy))[inner.all(-1)],
+        np.asarray(log_prob)[inner.all(-1)],
+        rtol=1e-4,
+        atol=1e-4,
+    )

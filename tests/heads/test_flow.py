@@ -1,0 +1,165 @@
+"""``FlowSampler``: a new head is the squashed-Normal head; a replay is bit for bit once
+the layers have learned (saturated actions included); gradients reach the conditioners,
+the features and the base; ``eval()``; the pathwise gradient; per-environment streams;
+the refusals."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import samplers
+from tests._tiers import slow
+
+A, F = 2, 3
+
+
+def _head(**options):
+    return samplers.FlowSampler(
+        nnx.Rngs(params=0, action=1), 0.01, action_dim=A, feature_dim=F, **options
+    )
+
+
+def _learned(head, seed=0, size=0.3):
+    """``head`` with every conditioner weight moved off its initial value, as training does."""
+    params = nnx.state(head, nnx.Param)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    moved = [
+        leaf + size * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys, strict=True)
+    ]
+    nnx.update(head, jax.tree.unflatten(tree, moved))
+    return head
+
+
+def _inputs(batch=8, seed=0, saturated=False):
+    x = jax.random.normal(jax.random.key(seed), (batch, 2 * A + F))
+    return x.at[:, :A].add(30.0) if saturated else x
+
+
+@nnx.jit
+def _step(head, *args):
+    return head((), *args)
+
+
+def test_a_new_head_is_the_squashed_normal_head():
+    flow = _head()
+    normal = samplers.NormalTanhSampler(nnx.Rngs(params=0, action=1), 0.01)
+    x = _inputs()
+    ours, theirs = flow((), x), normal((), x[:, : 2 * A])
+    np.testing.assert_array_equal(ours.rollout_extras, theirs.rollout_extras)
+    np.testing.assert_allclose(ours.output["action"], theirs.output["action"], rtol=1e-6)
+    np.testing.assert_allclose(
+        ours.output["log_likelihood"], theirs.output["log_likelihood"], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(ours.regularization_loss, theirs.regularization_loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "transform, saturated",
+    [
+        pytest.param("affine", True, id="affine-saturated"),
+        slow("spline", False, id="spline"),
+        slow(("spline", 4), True, id="spline4-saturated"),
+    ],
+)
+def test_a_replay_is_bit_for_bit_once_the_layers_have_learned(transform, saturated):
+    head = _learned(_head(transform=transform))
+    x = _inputs(saturated=saturated)
+    out = _step(head, x)
+    if saturated:
+        assert np.all(np.abs(np.asarray(out.output["action"])) == 1.0)
+    assert np.all(np.isfinite(out.output["log_likelihood"]))
+    stored = np.array(out.rollout_extras)
+    again = _step(head, x, stored)
+    np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
+    np.testing.assert_array_equal(again.output["action"], out.output["action"])
+    # The layers have moved the sample: the flow is not the squashed Normal any more
+    # (a spline is the identity outside [-5, 5], where saturated pre-images lie).
+    normal = samplers.normal_tanh(x[:, : 2 * A]).log_prob_from_pre_image(stored)
+    if transform == "affine" or not saturated:
+        assert np.max(np.abs(normal - out.output["log_likelihood"])) > 1e-2
+    else:  # outside [-5, 5] the spline is the identity: the squashed Normal's score
+        np.testing.assert_allclose(out.output["log_likelihood"], normal, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_gradients_reach_the_conditioners_the_features_and_the_base():
+    head = _learned(_head())
+    x = _inputs(seed=1)
+    stored = head((), x).rollout_extras
+
+    def loss(head, x):
+        return jnp.mean(head((), x, stored).output["log_likelihood"])
+
+    grads = nnx.grad(loss)(head, x)
+    for path, grad in jax.tree.leaves_with_path(nnx.to_pure_dict(grads)):
+        assert np.any(np.asarray(grad) != 0), path
+    by_input = nnx.grad(loss, argnums=1)(head, x)
+    # d/d(one feature) against a central difference, in float32.
+    step = 1e-2
+    for column in range(2 * A + F):
+        up, down = x.at[:, column].add(step), x.at[:, column].add(-step)
+        numeric = (loss(head, up) - loss(head, down)) / (2 * step)
+        np.testing.assert_allclose(by_input[:, column].sum(), numeric, rtol=2e-2, atol=2e-4)
+    assert np.all(np.abs(np.asarray(by_input[:, 2 * A :]).sum(0)) > 0)
+
+
+@pytest.mark.slow
+def test_eval_acts_with_the_flow_of_the_mean_and_draws_no_key():
+    head = _learned(_head(entropy="base"))
+    head.eval()
+    x = _inputs(seed=2)
+    before = int(head.rng.action.count[...])
+    out = head((), x)
+    assert int(head.rng.action.count[...]) == before
+    np.testing.assert_array_equal(out.rollout_extras, head.distribution(x).loc)
+    np.testing.assert_array_equal(out.output["action"], head.distribution(x).deterministic_action())
+
+
+def test_the_pathwise_gradient_matches_a_central_difference():
+    head = _learned(_head(reparameterized=True), seed=3)
+    x = _inputs(seed=4)
+
+    def q(head, x):
+        action = head((), x).output["action"]
+        return -jnp.sum(jnp.square(action - 0.3))
+
+    # A clone at every call: the same key, the head's stream as it was.
+    grad = nnx.jit(nnx.grad(q, argnums=1))(nnx.clone(head), x)
+    assert np.any(np.asarray(grad[:, :A]) != 0)
+    step, jitted = 1e-2, nnx.jit(q)
+    for column in (0, A, 2 * A):  # a mean, a raw std, a feature
+        up, down = x.at[:, column].add(step), x.at[:, column].add(-step)
+        numeric = (jitted(nnx.clone(head), up) - jitted(nnx.clone(head), down)) / (2 * step)
+        np.testing.assert_allclose(grad[:, column].sum(), numeric, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.slow
+def test_per_environment_streams_draw_each_row_from_its_own_key():
+    head = _learned(_head(per_env_streams=True))
+    keys = head.initialize_state(6)
+    x = _inputs(6, seed=5)
+    whole = head(keys, x)
+    half = head(keys[3:], x[3:])
+    np.testing.assert_array_equal(whole.output["action"][3:], half.output["action"])
+    np.testing.assert_array_equal(whole.rollout_extras[3:], half.rollout_extras)
+
+
+def test_options_and_inputs_are_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"needs an nnx\.Rngs"):
+        samplers.FlowSampler(nnx.Rngs(0).default, 0.01, action_dim=A)
+    with pytest.raises(ValueError, match="needs action_dim="):
+        samplers.FlowSampler(nnx.Rngs(0), 0.01)
+    with pytest.raises(ValueError, match="no closed-form or quadrature entropy"):
+        samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, entropy="exact")
+    with pytest.raises(ValueError, match="transform must be"):
+        samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, transform="rqs")
+    with pytest.raises(ValueError, match="feature_dim must be an integer >= 0"):
+        samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, feature_dim=-1)
+    with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+        samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, num_layers=0)
+    head = _head()
+    with pytest.raises(ValueError, match=r"2 \* action_dim \+ feature_dim"):
+        head((), jnp.zeros((4, 2 * A)))
