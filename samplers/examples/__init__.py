@@ -24,6 +24,9 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
   ``AutoregressiveSampler`` masked by a ``MaskTable`` of the chosen unit, a
   ``CompositeSampler`` of independent parts, or one ``CategoricalSampler`` over the
   pairs.
+- ``two_peaks``: SAC on a one-step bandit with two good actions, whose best
+  maximum-entropy policy takes both: a ``FlowSampler`` with spline layers against a
+  ``NormalTanhSampler``.
 - ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
   trained with SAC's actor loss under ``jax.jit``; it uses no head.
 

@@ -249,13 +249,15 @@ def action_distributions(
 
     The samples come from the head in training mode. The density is computed
     from the head's distribution object on a grid of pre-images ``x`` spanning
-    ``loc +- 6 scale`` (for the Beta head, the logit's mean +- 6 stds): the torque
+    ``loc +- 6 scale`` (for the Beta head, the logit's mean +- 6 stds; for a flow head,
+    base pre-images, which its layers then move): the torque
     is ``torque_scale * f(x)`` and its density is
     ``exp(log_prob_from_pre_image(x)) / torque_scale``, which stays finite where
     ``f`` saturates and ``log_prob`` of the action would need ``atanh(+-1)``.
 
     Args:
-        network: The scaled observation to the head's input ``[mean | raw_std]``.
+        network: The scaled observation to the head's input (``[mean | raw_std]``, then
+            a flow head's features).
         head: The policy head; one call draws the samples from its stream.
         torque_scale: The torque per unit of action.
         num_samples: Samples per state.
@@ -270,8 +272,9 @@ def action_distributions(
     for theta, theta_dot in PROBE_STATES:
         obs = jnp.array([math.cos(theta), math.sin(theta), theta_dot])
         mean_and_std = network(scaled(obs))
-        sampled = head((), jnp.broadcast_to(mean_and_std, (num_samples, 2)))
-        dist = head.distribution(jnp.broadcast_to(mean_and_std, (grid, 2)))
+        width = mean_and_std.shape[-1]
+        sampled = head((), jnp.broadcast_to(mean_and_std, (num_samples, width)))
+        dist = head.distribution(jnp.broadcast_to(mean_and_std, (grid, width)))
         if isinstance(dist, samplers.SquashedBeta):
             # The LogitBeta of each dimension, inside the Independent.
             logit = cast(
@@ -280,7 +283,9 @@ def action_distributions(
             center, spread = logit.mean(), logit.stddev()
             deterministic = dist.mean()
         else:
-            dist = cast(samplers.SquashedNormal, dist)
+            # A squashed Normal, or a flow: its bijector maps the base pre-image to
+            # the action, increasing (coupling transforms and squashings are).
+            dist = cast(samplers.SquashedNormal | samplers.SquashedFlow, dist)
             center, spread = dist.loc, dist.scale
             deterministic = dist.deterministic_action()
         pre_image = center + spread * jnp.linspace(-6.0, 6.0, grid)[:, None]

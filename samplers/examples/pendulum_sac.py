@@ -84,6 +84,9 @@ class Config:
     # Pendulum rewards lie in [-16.3, 0]; a tenth keeps the Q-values near the
     # scale of the log-likelihoods they are traded against.
     reward_scale: float = 0.1
+    # "normal": a SquashedNormalSampler; "flow": a FlowSampler (two spline layers
+    # conditioned on the observation) before the same squashing.
+    head: str = "normal"
 
 
 def _mlp(inputs: int, outputs: int, hidden: int, rngs: nnx.Rngs) -> nnx.Sequential:
@@ -102,7 +105,11 @@ class Actor(nnx.Module):
     Args:
         hidden: Width of the two hidden layers.
         rngs: Initialisation stream for the weights.
-        head_rngs: The sampling stream the head keeps.
+        head_rngs: The sampling stream the head keeps (and, for the flow head, the
+            initialisation stream of its conditioners).
+        head: ``"normal"`` (a ``SquashedNormalSampler``) or ``"flow"`` (a
+            ``FlowSampler`` of two spline layers that also see the scaled
+            observation).
 
     Example:
         >>> import jax.numpy as jnp
@@ -113,18 +120,35 @@ class Actor(nnx.Module):
         ((5, 1), (5,))
     """
 
-    def __init__(self, hidden: int, rngs: nnx.Rngs, head_rngs: nnx.Rngs):
+    def __init__(self, hidden: int, rngs: nnx.Rngs, head_rngs: nnx.Rngs, head: str = "normal"):
         self.torso = _mlp(3, 2, hidden, rngs)
-        self.head = samplers.SquashedNormalSampler(
-            head_rngs,
-            entropy_weight=0.0,
-            bijector=samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE),
-            reparameterized=True,
-        )
+        bijector = samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE)
+        self.flow = head == "flow"
+        self.head: samplers.SquashedNormalSampler
+        if self.flow:
+            self.head = samplers.FlowSampler(
+                head_rngs,
+                entropy_weight=0.0,
+                action_dim=1,
+                feature_dim=3,
+                transform="spline",
+                bijector=bijector,
+                reparameterized=True,
+            )
+        else:
+            self.head = samplers.SquashedNormalSampler(
+                head_rngs, entropy_weight=0.0, bijector=bijector, reparameterized=True
+            )
+
+    def head_inputs(self, scaled_obs: jax.Array) -> jax.Array:
+        """The head's input for the scaled observation: ``[mean | raw_std]``, and for
+        the flow head the scaled observation after it, as its features."""
+        params = self.torso(scaled_obs)
+        return jnp.concatenate([params, scaled_obs], axis=-1) if self.flow else params
 
     def __call__(self, obs: jax.Array) -> samplers.StatefulModuleOutput:
         """The head's output for ``obs``: a fresh torque, or ``f(mean)`` after ``eval()``."""
-        return self.head((), self.torso(_common.scaled(obs)))
+        return self.head((), self.head_inputs(_common.scaled(obs)))
 
 
 class TwinCritic(nnx.Module):
@@ -321,6 +345,8 @@ def _check(config: Config) -> None:
             raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}.")
     if config.warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {config.warmup_steps}.")
+    if config.head not in ("normal", "flow"):
+        raise ValueError(f"head must be 'normal' or 'flow', got {config.head!r}.")
     if config.buffer_size < config.num_envs:
         raise ValueError(
             f"buffer_size must hold at least one step of every environment, got "
@@ -344,7 +370,7 @@ def train(config: Config, *, progress: bool = True) -> tuple[Actor, dict]:
     _check(config)
     key = jax.random.key(config.seed)
     head_key, actor_key, critic_key, env_key, runner_key = jax.random.split(key, 5)
-    actor = Actor(config.hidden, nnx.Rngs(actor_key), nnx.Rngs(head_key))
+    actor = Actor(config.hidden, nnx.Rngs(actor_key), nnx.Rngs(head_key), config.head)
     critic = TwinCritic(config.hidden, nnx.Rngs(critic_key))
     target = nnx.clone(critic)
     temperature = Temperature(config.initial_alpha)
@@ -424,6 +450,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Name
                 help="environment steps with uniformly random torques before the first update",
             ),
             "--hidden": dict(type=int, default=defaults.hidden, help="MLP width"),
+            "--head": dict(
+                choices=("normal", "flow"),
+                default=defaults.head,
+                help="the policy head: a squashed Normal, or a flow of two spline layers "
+                "conditioned on the observation before the same squashing",
+            ),
         },
         out="pendulum-sac-results",
         figure="pendulum_sac.png",
@@ -457,8 +489,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     _common.plot(
         figure,
         summary,
-        _common.action_distributions(actor.torso, actor.head),
-        title="(a) SAC on Pendulum-v1, BoundedTanh(-2, 2)",
+        _common.action_distributions(actor.head_inputs, actor.head),
+        title=f"(a) SAC on Pendulum-v1, BoundedTanh(-2, 2), {config.head} head",
         warmup_steps=config.warmup_steps,
     )
 

@@ -67,6 +67,7 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
         "hybrid",
         "correlated",
         "units",
+        "two_peaks",
     ],
 )
 def test_each_example_runs_as_a_module(module):
@@ -132,7 +133,7 @@ def _argv(flags: dict) -> list[str]:
         (pendulum, {**TINY, "--bijector": ("bijector", "identity")}, "pendulum-results"),
         (
             pendulum_sac,
-            {**SAC_TINY, "--updates-per-step": ("updates_per_step", 2)},
+            {**SAC_TINY, "--updates-per-step": ("updates_per_step", 2), "--head": ("head", "flow")},
             "pendulum-sac-results",
         ),
         (cartpole, CARTPOLE_TINY, "cartpole-results"),
@@ -172,8 +173,9 @@ def test_pendulum_refuses_a_batch_that_minibatches_do_not_divide(tmp_path):
         ({"batch_size": 0}, r"batch_size must be >= 1, got 0"),
         ({"warmup_steps": -1}, r"warmup_steps must be >= 0, got -1"),
         ({"buffer_size": 4}, r"got buffer_size=4 < num_envs=8; raise buffer_size"),
+        ({"head": "gaussian"}, r"head must be 'normal' or 'flow', got 'gaussian'"),
     ],
-    ids=["num_envs", "batch_size", "warmup_steps", "buffer_size"],
+    ids=["num_envs", "batch_size", "warmup_steps", "buffer_size", "head"],
 )
 def test_pendulum_sac_refuses_a_bad_config(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -711,6 +713,22 @@ def test_pendulum_sac_runs_writes_its_figure_and_learns_the_temperature(tmp_path
     # An episode lasts 200 steps: every return lies in [-16.3 * 200, 0].
     for name in ("deterministic_return", "random_return"):
         assert -16.3 * 200 <= summary[name] <= 0, name
+
+
+def test_pendulum_sac_runs_with_the_flow_head_and_plots_its_torques(tmp_path):
+    argv = [*_argv(SAC_TINY), "--head", "flow", "--out", str(tmp_path), "--no-progress"]
+    summary = pendulum_sac.main(argv)
+    assert (tmp_path / "pendulum_sac.png").read_bytes()[:8] == PNG
+    assert summary["config"]["head"] == "flow"
+    assert all(math.isfinite(value) for value in summary["last_update"].values())
+    for name in ("deterministic_return", "random_return"):
+        assert -16.3 * 200 <= summary[name] <= 0, name
+    # The flow head's torques, and their density on the grid, lie within the bounds.
+    actor = pendulum_sac.Actor(16, nnx.Rngs(0), nnx.Rngs(1), "flow")
+    assert isinstance(actor.head, samplers.FlowSampler)
+    (panel, *_) = _common.action_distributions(actor.head_inputs, actor.head, grid=101)
+    assert np.all(np.abs(panel["torque"]) <= 2.0) and np.all(np.abs(panel["samples"]) <= 2.0)
+    assert np.all(np.isfinite(panel["density"])) and np.all(np.diff(panel["torque"]) >= 0)
 
 
 def _tictactoe_outcomes_of_random_play() -> dict[str, float]:
