@@ -3,7 +3,8 @@
 The command line alone. Each suite is a module of this package with a ``run()``:
 the squashed-Normal head by default (``squashed_normal.py``), the others by their
 flag (``--discrete``: ``discrete.py``, ``--composite``: ``composite.py``,
-``--beta``: ``beta.py``, ``--autoregressive``: ``autoregressive.py``), one table
+``--beta``: ``beta.py``, ``--autoregressive``: ``autoregressive.py``, ``--flow``:
+``flow.py``), one table
 (``_SUITES``) mapping each flag to its module. The size flags choose a grid of
 ``squashed_normal.py``; the other suites take its batch sizes.
 """
@@ -18,6 +19,7 @@ from benchmarks import (
     beta,
     composite,
     discrete,
+    flow,
     squashed_normal,
     timing,
 )
@@ -30,6 +32,7 @@ _SUITES = {
     "composite": (composite, "the composite heads"),
     "beta": (beta, "the Beta head"),
     "autoregressive": (autoregressive, "the autoregressive head"),
+    "flow": (flow, "the flow head"),
 }
 
 

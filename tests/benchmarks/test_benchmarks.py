@@ -20,6 +20,7 @@ from benchmarks import (
     beta,
     composite,
     discrete,
+    flow,
     implementations,
     squashed_normal,
     timing,
@@ -491,3 +492,69 @@ def test_autoregressive_flag_runs_the_autoregressive_suite(monkeypatch, tmp_path
     with pytest.raises(SystemExit):
         cli.main(["--autoregressive", "--bandwidth-tbs", "4.8"])
     assert "there is no bandwidth floor for the autoregressive head" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", flow.flow_cases(), ids=lambda case: case.name)
+def test_flow_head_computes_what_the_hand_written_flow_computes(case):
+    params = flow.conditioner_params(case)
+    inputs = jax.random.normal(jax.random.key(0), (16, 2 * flow.A + flow.F))
+    hand_rollout, hand_loss, hand_actor = flow._hand_written(case)
+    head_rollout, head_loss, head_actor, head_input, actor_input = flow._head(case, params)
+    with jax.numpy_rank_promotion("allow"):  # the hand-written `x @ kernel + bias` broadcasts
+        (hand_action, hand_log_likelihood, x0), _ = jax.jit(hand_rollout)(
+            inputs, (jax.random.key(1), params)
+        )
+        state = head_input(jax.random.key(1))
+        (action, log_likelihood, pre_image), next_state = jax.jit(head_rollout)(inputs, state)
+        # The head's stored pre-image, scored by the hand-written flow, and the
+        # hand-written one replayed by the head: the same action and log-likelihood.
+        base, chain = flow.hand_written_flow(case, inputs, params)
+        want_action, log_det = chain.forward_and_log_det(pre_image)
+        assert jnp.allclose(action, want_action, atol=1e-5)
+        assert jnp.allclose(
+            log_likelihood, base.log_prob(pre_image) - log_det, rtol=1e-5, atol=1e-5
+        )
+        head = flow._build(case)(nnx.Rngs(0))
+        nnx.update(head, nnx.State(params))
+        replayed = head((), inputs, x0).output
+        assert jnp.allclose(replayed["action"], hand_action, atol=1e-5)
+        assert jnp.allclose(replayed["log_likelihood"], hand_log_likelihood, rtol=1e-5, atol=1e-5)
+        # The stream advances; other conditioner weights give another log-likelihood.
+        (_, _, again), _ = jax.jit(head_rollout)(inputs, next_state)
+        assert not jnp.array_equal(again, pre_image)
+        other = {**state, "conditioners": jax.tree.map(lambda w: 2.0 * w, state["conditioners"])}
+        (_, other_log_likelihood, _), _ = jax.jit(head_rollout)(inputs, other)
+        assert not jnp.allclose(other_log_likelihood, log_likelihood)
+        for step, args in (
+            (
+                hand_loss,
+                (inputs, x0, hand_log_likelihood, jnp.ones(16), (jax.random.key(2), params)),
+            ),
+            (head_loss, (inputs, x0, hand_log_likelihood, jnp.ones(16), state)),
+            (hand_actor, (inputs, (jax.random.key(2), params))),
+            (head_actor, (inputs, actor_input(jax.random.key(2)))),
+        ):
+            (value, _), grad = jax.jit(jax.value_and_grad(step, has_aux=True))(*args)
+            assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad)) and jnp.any(grad != 0)
+
+
+def test_flow_suite_runs_and_writes_its_report(tmp_path):
+    with jax.numpy_rank_promotion("allow"):  # the hand-written `x @ kernel + bias` broadcasts
+        text = flow.run((8,), tmp_path, device=timing.select_device("cpu"), name="toy", rounds=1)
+    assert (tmp_path / "toy.md").read_text() == text
+    for heading in ("## Rollout", "## Loss", "## SAC actor"):
+        assert heading in text
+    for case in flow.flow_cases():
+        assert f"| {case.name} | 8 |" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert len(saved["timings"]) == 3 * len(flow.flow_cases()) * 2
+
+
+def test_flow_flag_runs_the_flow_suite(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(
+        flow, "run", lambda batches, out, **options: calls.append((batches, out, options))
+    )
+    cli.main(["--flow", "--batches", "8,16", "--out", str(tmp_path)])
+    ((batches, out, options),) = calls
+    assert batches == (8, 16) and out == tmp_path and options["name"] == "flow"
