@@ -15,8 +15,9 @@ Two layers, one direction of imports:
   of a ``Dict`` or ``Tuple`` action), :class:`Parameterized` (a choice among
   discrete actions with parameters of their own) and :class:`Autoregressive`
   (sub-actions each conditioned on the earlier ones) are distributions over
-  structured actions; :class:`SquashedFlow` (built by :func:`squashed_flow`) is a Normal
-  through learned layers, such as state-conditioned coupling layers, then a squashing; :class:`Replayable` is the protocol of a distribution that samples an
+  structured actions; :class:`SquashedFlow` (built by :func:`squashed_flow`) is a
+  Normal through learned layers, such as state-conditioned coupling layers, then a
+  squashing; :class:`Replayable` is the protocol of a distribution that samples an
   action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
   :func:`ppo_log_ratio_stats` diagnose the actions.
 - :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that

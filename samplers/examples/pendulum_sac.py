@@ -3,7 +3,9 @@
 Run ``python -m samplers.examples.pendulum_sac`` (``--help`` lists the flags). Soft
 actor-critic (Haarnoja et al., 2018) with the usual parts: an actor MLP for
 ``[mean | raw_std]`` ending in a :class:`samplers.SquashedNormalSampler` with
-``samplers.BoundedTanh(-2, 2)``, so the action is the torque; twin Q-critics and
+``samplers.BoundedTanh(-2, 2)``, so the action is the torque (``--head flow``: a
+:class:`samplers.FlowSampler` of two spline layers that also see the observation,
+before the same squashing); twin Q-critics and
 Polyak-averaged copies of them as targets; and a learned temperature
 ``alpha = exp(log_alpha)`` that drives the policy's entropy towards ``-|A| = -1``
 (the entropy of the torque, whose log-likelihood includes the ``log 2`` of the

@@ -37,7 +37,7 @@ WIDTH, SEPARATION, ALPHA = 0.05, 0.25, 0.2
 
 
 def reward(s: jax.Array, a: jax.Array) -> jax.Array:
-    """Two bumps of height 1 at ``0.25 s +- 0.55``; ``s`` is ``[*batch]``, ``a`` ``[*batch]``."""
+    """Two bumps of height 1 at ``0.3 s +- 0.25``; ``s`` and ``a`` are ``[*batch]``."""
     centre = 0.3 * s
     bumps = [
         jnp.exp(-0.5 * jnp.square((a - centre - side) / WIDTH))
@@ -157,9 +157,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", type=int, default=5, help="how many seeds per head")
     parser.add_argument("--steps", type=int, default=3000, help="SAC updates per run")
     args = parser.parse_args(argv)
+    heads = args.heads.split(",")
+    if not set(heads) <= {"normal", "flow"}:
+        parser.error(f"--heads takes normal and flow, got {args.heads!r}")
     results = []
     for seed in range(args.seed, args.seed + args.seeds):
-        for head in args.heads.split(","):
+        for head in heads:
             actor, train_s = train(head, seed, args.steps)
             results.append(
                 {"head": head, "seed": seed, "train_s": train_s, **evaluate(actor, seed)}

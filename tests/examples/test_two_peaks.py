@@ -47,3 +47,9 @@ def test_a_short_run_of_each_head_reports_what_it_measures(capsys):
         assert 0.0 <= result["both_peaks"] <= 0.5
         # No policy beats the best one, up to the Monte Carlo error of the estimate.
         assert result["soft_value"] <= result["optimal_soft_value"] + 0.02
+
+
+def test_an_unknown_head_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        two_peaks.main(["--heads", "normal,gaussian"])
+    assert "--heads takes normal and flow, got 'normal,gaussian'" in capsys.readouterr().err
