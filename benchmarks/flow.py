@@ -9,8 +9,11 @@ estimate the entropy as the Normal's plus the log-determinant at one draw, and b
 run under ``jax.jit`` on the same network output ``[mean | raw_std | features]``, in
 interleaved rounds with a fresh random order each round; a cell is the median over
 rounds of the ratio of the head's time to the hand-written time in the same round,
-with min and max. The gradients are with respect to the network output (as in the
-other suites), which reaches every layer of the conditioners through the features.
+with min and max. A third column runs the hand-written steps on
+``samplers.squashed_flow`` of the same layers (the pure layer), which separates what
+the module adds from what the distribution costs. The gradients are with respect to
+the network output (as in the other suites), which reaches every layer of the
+conditioners through the features.
 Writes ``results/flow.md`` and ``results/flow.json``.
 """
 
@@ -162,6 +165,44 @@ def _hand_written(case):
     return rollout, loss, actor
 
 
+def _pure_layer(case):
+    """The hand-written steps on ``samplers.squashed_flow`` with the same layers: what
+    the distribution costs, without the module."""
+
+    def flow_of(inputs, params):
+        _, chain = hand_written_flow(case, inputs, params)
+        layers = chain.bijectors[:0:-1]  # Chain([squashing, g_K, ..., g_1]) in order
+        return samplers.squashed_flow(
+            inputs[..., : 2 * A], layers, samplers.Tanh(), min_std=MIN_STD, std_scale=STD_SCALE
+        )
+
+    def rollout(inputs, random_input):
+        key, params = random_input
+        key, subkey = jax.random.split(key)
+        dist = flow_of(inputs, params)
+        x0 = dist.sample_pre_image(seed=subkey)
+        action, log_likelihood = dist.forward_and_log_prob(x0)
+        return (action, log_likelihood, x0), (key, params)
+
+    def loss(inputs, x0, old_log_likelihood, advantage, random_input):
+        key, params = random_input
+        key, subkey = jax.random.split(key)
+        dist = flow_of(inputs, params)
+        entropy = dist.entropy_estimate(seed=subkey)
+        log_likelihood = dist.log_prob_from_pre_image(x0)
+        return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), (key, params)
+
+    def actor(inputs, random_input):
+        key, params = random_input
+        key, subkey = jax.random.split(key)
+        dist = flow_of(inputs, params)
+        action, log_likelihood = dist.forward_and_log_prob(dist.sample_pre_image(seed=subkey))
+        objective = jnp.mean(ALPHA * log_likelihood - implementations.critic(action))
+        return objective, (key, params)
+
+    return rollout, loss, actor
+
+
 def _head(case, params):
     """``(rollout, loss, actor, random_input)`` of the head, run as
     ``samplers.functional`` runs it, with the conditioner parameters ``params``."""
@@ -191,7 +232,8 @@ def _head(case, params):
 
 
 def time_case(case, batch, rounds):
-    """``{workload: interleaved samples}`` of the hand-written flow and the head."""
+    """``{workload: interleaved samples}`` of the hand-written flow, the pure layer and
+    the head."""
     params = conditioner_params(case)
     inputs = jax.random.normal(jax.random.key(0), (batch, 2 * A + F))
     hand_rollout, hand_loss, hand_actor = _hand_written(case)
@@ -201,6 +243,7 @@ def time_case(case, batch, rounds):
     advantage = jax.random.normal(jax.random.key(2), (batch,))
     steps = {
         "handwritten": (hand_rollout, hand_loss, hand_actor, hand_input, hand_input),
+        "samplers (pure layer)": (*_pure_layer(case), hand_input, hand_input),
         "samplers": (
             head_rollout,
             head_loss,
@@ -253,7 +296,10 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         "(`eps` drawn, gradient stopped). `samplers`: `FlowSampler(rngs, 0.01, "
         f"action_dim={A}, feature_dim={F}, num_layers=K, transform=..., "
         f"hidden_sizes={HIDDEN})` through the path `samplers.functional` takes, "
-        "`reparameterized=True` for the actor step. Each cell: median over "
+        "`reparameterized=True` for the actor step. `samplers (pure layer)`: the "
+        "hand-written steps on `samplers.squashed_flow` of the same layers "
+        "(`sample_pre_image`, `forward_and_log_prob`, `log_prob_from_pre_image`, "
+        "`entropy_estimate`), which separates what the module adds. Each cell: median over "
         f"{rounds} interleaved rounds of time / hand-written time in the same round "
         "(min-max); below 1 is faster than the hand-written code.",
     ]

@@ -519,6 +519,14 @@ def test_flow_head_computes_what_the_hand_written_flow_computes(case):
         replayed = head((), inputs, x0).output
         assert jnp.allclose(replayed["action"], hand_action, atol=1e-5)
         assert jnp.allclose(replayed["log_likelihood"], hand_log_likelihood, rtol=1e-5, atol=1e-5)
+        # The pure layer draws the hand-written noise and scores it alike.
+        pure_rollout, pure_loss, pure_actor = flow._pure_layer(case)
+        (pure_action, pure_log_likelihood, pure_x0), _ = jax.jit(pure_rollout)(
+            inputs, (jax.random.key(1), params)
+        )
+        assert jnp.allclose(pure_x0, x0, atol=1e-6)
+        assert jnp.allclose(pure_action, hand_action, atol=1e-5)
+        assert jnp.allclose(pure_log_likelihood, hand_log_likelihood, rtol=1e-5, atol=1e-5)
         # The stream advances; other conditioner weights give another log-likelihood.
         (_, _, again), _ = jax.jit(head_rollout)(inputs, next_state)
         assert not jnp.array_equal(again, pre_image)
@@ -532,6 +540,11 @@ def test_flow_head_computes_what_the_hand_written_flow_computes(case):
             ),
             (head_loss, (inputs, x0, hand_log_likelihood, jnp.ones(16), state)),
             (hand_actor, (inputs, (jax.random.key(2), params))),
+            (
+                pure_loss,
+                (inputs, x0, hand_log_likelihood, jnp.ones(16), (jax.random.key(2), params)),
+            ),
+            (pure_actor, (inputs, (jax.random.key(2), params))),
             (head_actor, (inputs, actor_input(jax.random.key(2)))),
         ):
             (value, _), grad = jax.jit(jax.value_and_grad(step, has_aux=True))(*args)
@@ -547,7 +560,7 @@ def test_flow_suite_runs_and_writes_its_report(tmp_path):
     for case in flow.flow_cases():
         assert f"| {case.name} | 8 |" in text
     saved = json.loads((tmp_path / "toy.json").read_text())
-    assert len(saved["timings"]) == 3 * len(flow.flow_cases()) * 2
+    assert len(saved["timings"]) == 3 * len(flow.flow_cases()) * 3
 
 
 def test_flow_flag_runs_the_flow_suite(monkeypatch, tmp_path):
