@@ -131,36 +131,36 @@ def hand_written_flow(case, inputs, params):
 
 
 def _hand_written(case):
-    def log_prob(base, chain, x0):
-        action, log_det = chain.forward_and_log_det(x0)
-        return action, base.log_prob(x0) - log_det
-
-    def rollout(inputs, random_input):
+    def sample(inputs, random_input):
+        """A fresh draw: ``(action, log_likelihood, x0, next_random_input)``."""
         key, params = random_input
         key, subkey = jax.random.split(key)
         base, chain = hand_written_flow(case, inputs, params)
         x0 = base.sample(seed=subkey)
-        action, log_likelihood = log_prob(base, chain, x0)
-        return (action, log_likelihood, x0), (key, params)
+        action, log_det = chain.forward_and_log_det(x0)
+        return action, base.log_prob(x0) - log_det, x0, (key, params)
+
+    def rollout(inputs, random_input):
+        action, log_likelihood, x0, random_input = sample(inputs, random_input)
+        return (action, log_likelihood, x0), random_input
 
     def loss(inputs, x0, old_log_likelihood, advantage, random_input):
         key, params = random_input
         key, subkey = jax.random.split(key)
         base, chain = hand_written_flow(case, inputs, params)
-        _, log_likelihood = log_prob(base, chain, x0)
-        fresh = jax.lax.stop_gradient(base.distribution.sample(seed=subkey) - base.distribution.loc)
-        _, log_det = chain.forward_and_log_det(base.distribution.loc + fresh)
+        _, log_det = chain.forward_and_log_det(x0)
+        log_likelihood = base.log_prob(x0) - log_det
+        # The entropy at one draw, its noise a constant: gradients reach mean and std.
+        loc, scale = base.distribution.loc, base.distribution.scale
+        eps = jax.random.normal(subkey, loc.shape)
+        _, log_det = chain.forward_and_log_det(loc + scale * eps)
         entropy = base.entropy() + log_det
         return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), (key, params)
 
     def actor(inputs, random_input):
-        key, params = random_input
-        key, subkey = jax.random.split(key)
-        base, chain = hand_written_flow(case, inputs, params)
-        x0 = base.sample(seed=subkey)
-        action, log_likelihood = log_prob(base, chain, x0)
+        action, log_likelihood, _, random_input = sample(inputs, random_input)
         objective = jnp.mean(ALPHA * log_likelihood - implementations.critic(action))
-        return objective, (key, params)
+        return objective, random_input
 
     return rollout, loss, actor
 
@@ -293,7 +293,7 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         "calling the head's MLPs as pure functions of the same parameters; the rollout "
         "stores `x0` and scores it with `chain.forward_and_log_det`, the loss scores the "
         "stored `x0` and adds the entropy `base.entropy() + log_det(mean + std * eps)` "
-        "(`eps` drawn, gradient stopped). `samplers`: `FlowSampler(rngs, 0.01, "
+        "(`eps` a fresh draw, a constant). `samplers`: `FlowSampler(rngs, 0.01, "
         f"action_dim={A}, feature_dim={F}, num_layers=K, transform=..., "
         f"hidden_sizes={HIDDEN})` through the path `samplers.functional` takes, "
         "`reparameterized=True` for the actor step. `samplers (pure layer)`: the "

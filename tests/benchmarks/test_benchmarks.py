@@ -533,18 +533,21 @@ def test_flow_head_computes_what_the_hand_written_flow_computes(case):
         other = {**state, "conditioners": jax.tree.map(lambda w: 2.0 * w, state["conditioners"])}
         (_, other_log_likelihood, _), _ = jax.jit(head_rollout)(inputs, other)
         assert not jnp.allclose(other_log_likelihood, log_likelihood)
+        # The same draws give the hand-written and the pure layer's losses and gradients.
+        loss_args = (inputs, x0, hand_log_likelihood, jnp.ones(16), (jax.random.key(2), params))
+        actor_args = (inputs, (jax.random.key(2), params))
+        for hand, pure, args in (
+            (hand_loss, pure_loss, loss_args),
+            (hand_actor, pure_actor, actor_args),
+        ):
+            (want, _), want_grad = jax.jit(jax.value_and_grad(hand, has_aux=True))(*args)
+            (got, _), got_grad = jax.jit(jax.value_and_grad(pure, has_aux=True))(*args)
+            assert jnp.allclose(got, want, rtol=1e-5, atol=1e-6)
+            assert jnp.allclose(got_grad, want_grad, rtol=1e-4, atol=1e-6)
         for step, args in (
-            (
-                hand_loss,
-                (inputs, x0, hand_log_likelihood, jnp.ones(16), (jax.random.key(2), params)),
-            ),
+            (hand_loss, loss_args),
             (head_loss, (inputs, x0, hand_log_likelihood, jnp.ones(16), state)),
-            (hand_actor, (inputs, (jax.random.key(2), params))),
-            (
-                pure_loss,
-                (inputs, x0, hand_log_likelihood, jnp.ones(16), (jax.random.key(2), params)),
-            ),
-            (pure_actor, (inputs, (jax.random.key(2), params))),
+            (hand_actor, actor_args),
             (head_actor, (inputs, actor_input(jax.random.key(2)))),
         ):
             (value, _), grad = jax.jit(jax.value_and_grad(step, has_aux=True))(*args)
