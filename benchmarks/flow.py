@@ -1,20 +1,22 @@
 """``python -m benchmarks --flow``: the flow head against the same flow written in distrax.
 
 Each case is ``samplers.FlowSampler`` beside the same flow as a distrax user writes it:
-``distrax.Transformed(Independent(Normal(mean, std), 1), Chain([Block(Tanh(), 1),
-g_K, ..., g_1]))`` with ``distrax.MaskedCoupling`` layers whose conditioners are the
-head's own MLPs, with the head's parameters, as pure functions of them. Both store the
-base pre-image ``x0`` and score it forward (``chain.forward_and_log_det``), both
-estimate the entropy as the Normal's plus the log-determinant at one draw, and both
-run under ``jax.jit`` on the same network output ``[mean | raw_std | features]``, in
-interleaved rounds with a fresh random order each round; a cell is the median over
-rounds of the ratio of the head's time to the hand-written time in the same round,
-with min and max. A third column runs the hand-written steps on
-``samplers.squashed_flow`` of the same layers (the pure layer), which separates what
-the module adds from what the distribution costs. The gradients are with respect to
-the network output (as in the other suites), which reaches every layer of the
-conditioners through the features.
-Writes ``results/flow.md`` and ``results/flow.json``.
+a base ``distrax.Independent(distrax.Normal(mean, std), 1)`` and a ``distrax.Chain`` of
+``distrax.MaskedCoupling`` layers whose conditioners are the head's own MLPs, with the
+head's parameters, as pure functions of them, then tanh. Both store the squashing's
+pre-image ``x_K`` and score it in the loss through the layers' inverses
+(``inverse_and_log_det``), and both estimate the entropy as the Normal's plus the
+log-determinant at one draw. The hand-written rollout and actor score a fresh draw
+forward (``forward_and_log_det``); the head scores it as its replay will, through the
+inverses after the forward pass. Both run under ``jax.jit`` on the same network output
+``[mean | raw_std | features]``, in interleaved rounds with a fresh random order each
+round; a cell is the median over rounds of the ratio of the head's time to the
+hand-written time in the same round, with min and max. A third column runs the
+hand-written steps on ``samplers.squashed_flow`` of the same layers (the pure layer),
+which separates what the module adds from what the distribution costs. The gradients are
+with respect to the network output (as in the other suites), which reaches every layer
+of the conditioners through the features. Writes ``results/flow.md`` and
+``results/flow.json``.
 """
 
 import itertools
@@ -35,7 +37,7 @@ ROUNDS = 11
 A, F, HIDDEN = 8, 16, (64, 64)
 _WORKLOADS = ("rollout", "loss", "actor")
 _TITLES = {
-    "rollout": "Rollout: sample, log-likelihood, the base pre-image to store",
+    "rollout": "Rollout: sample, log-likelihood, the pre-squash action to store",
     "loss": "Loss: value and gradient of the PPO surrogate of the stored pre-image's "
     "log-likelihood, plus the one-draw entropy cost",
     "actor": "SAC actor: value and gradient of mean(alpha log pi(a) - Q(a)) for a fresh "
@@ -113,7 +115,8 @@ def _inner(transform):
 
 
 def hand_written_flow(case, inputs, params):
-    """``(base, chain)`` of the flow for the network output ``inputs``."""
+    """``(base, layers)`` of the flow for the network output ``inputs``: the base Normal
+    and the coupling layers as one ``distrax.Chain`` (``g_1`` applied first)."""
     mean, raw_std, features = jnp.split(inputs, [A, 2 * A], axis=-1)
     std = (jax.nn.softplus(raw_std) + MIN_STD) * STD_SCALE
     layers = []
@@ -127,34 +130,41 @@ def hand_written_flow(case, inputs, params):
         keep = jnp.asarray(np.arange(A) % 2 == index % 2)
         layers.append(distrax.MaskedCoupling(keep, conditioner, _inner(case.transform)))
     base = distrax.Independent(distrax.Normal(mean, std), 1)
-    return base, distrax.Chain([distrax.Block(distrax.Tanh(), 1), *reversed(layers)])
+    return base, distrax.Chain(layers[::-1])
+
+
+def _tanh_log_det(x):
+    return jnp.sum(distrax.Tanh().forward_log_det_jacobian(x), axis=-1)
 
 
 def _hand_written(case):
     def sample(inputs, random_input):
-        """A fresh draw: ``(action, log_likelihood, x0, next_random_input)``."""
+        """A fresh draw: ``(action, log_likelihood, x_K, next_random_input)``, scored
+        forward (the change of variables of the draw)."""
         key, params = random_input
         key, subkey = jax.random.split(key)
-        base, chain = hand_written_flow(case, inputs, params)
+        base, layers = hand_written_flow(case, inputs, params)
         x0 = base.sample(seed=subkey)
-        action, log_det = chain.forward_and_log_det(x0)
-        return action, base.log_prob(x0) - log_det, x0, (key, params)
+        x_k, log_det = layers.forward_and_log_det(x0)
+        log_likelihood = base.log_prob(x0) - log_det - _tanh_log_det(x_k)
+        return jnp.tanh(x_k), log_likelihood, x_k, (key, params)
 
     def rollout(inputs, random_input):
-        action, log_likelihood, x0, random_input = sample(inputs, random_input)
-        return (action, log_likelihood, x0), random_input
+        action, log_likelihood, x_k, random_input = sample(inputs, random_input)
+        return (action, log_likelihood, x_k), random_input
 
-    def loss(inputs, x0, old_log_likelihood, advantage, random_input):
+    def loss(inputs, x_k, old_log_likelihood, advantage, random_input):
         key, params = random_input
         key, subkey = jax.random.split(key)
-        base, chain = hand_written_flow(case, inputs, params)
-        _, log_det = chain.forward_and_log_det(x0)
-        log_likelihood = base.log_prob(x0) - log_det
+        base, layers = hand_written_flow(case, inputs, params)
+        # The stored pre-squash action, scored through the layers' inverses.
+        x0, inverse_log_det = layers.inverse_and_log_det(x_k)
+        log_likelihood = base.log_prob(x0) + inverse_log_det - _tanh_log_det(x_k)
         # The entropy at one draw, its noise a constant: gradients reach mean and std.
         loc, scale = base.distribution.loc, base.distribution.scale
         eps = jax.random.normal(subkey, loc.shape)
-        _, log_det = chain.forward_and_log_det(loc + scale * eps)
-        entropy = base.entropy() + log_det
+        fresh, log_det = layers.forward_and_log_det(loc + scale * eps)
+        entropy = base.entropy() + log_det + _tanh_log_det(fresh)
         return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), (key, params)
 
     def actor(inputs, random_input):
@@ -170,26 +180,29 @@ def _pure_layer(case):
     the distribution costs, without the module."""
 
     def flow_of(inputs, params):
-        _, chain = hand_written_flow(case, inputs, params)
-        layers = chain.bijectors[:0:-1]  # Chain([squashing, g_K, ..., g_1]) in order
+        _, layers = hand_written_flow(case, inputs, params)
         return samplers.squashed_flow(
-            inputs[..., : 2 * A], layers, samplers.Tanh(), min_std=MIN_STD, std_scale=STD_SCALE
+            inputs[..., : 2 * A],
+            layers.bijectors[::-1],  # g_1 first
+            samplers.Tanh(),
+            min_std=MIN_STD,
+            std_scale=STD_SCALE,
         )
 
     def rollout(inputs, random_input):
         key, params = random_input
         key, subkey = jax.random.split(key)
         dist = flow_of(inputs, params)
-        x0 = dist.sample_pre_image(seed=subkey)
-        action, log_likelihood = dist.forward_and_log_prob(x0)
-        return (action, log_likelihood, x0), (key, params)
+        x_k = dist.sample_pre_image(seed=subkey)
+        action, log_likelihood = dist.forward_and_log_prob(x_k)
+        return (action, log_likelihood, x_k), (key, params)
 
-    def loss(inputs, x0, old_log_likelihood, advantage, random_input):
+    def loss(inputs, x_k, old_log_likelihood, advantage, random_input):
         key, params = random_input
         key, subkey = jax.random.split(key)
         dist = flow_of(inputs, params)
         entropy = dist.entropy_estimate(seed=subkey)
-        log_likelihood = dist.log_prob_from_pre_image(x0)
+        log_likelihood = dist.log_prob_from_pre_image(x_k)
         return surrogate(log_likelihood, old_log_likelihood, advantage, entropy), (key, params)
 
     def actor(inputs, random_input):
@@ -219,8 +232,8 @@ def _head(case, params):
         out, state = call(state, inputs, None)
         return (out.output["action"], out.output["log_likelihood"], out.rollout_extras), state
 
-    def loss(inputs, x0, old_log_likelihood, advantage, state):
-        out, state = call(state, inputs, x0)
+    def loss(inputs, x_k, old_log_likelihood, advantage, state):
+        out, state = call(state, inputs, x_k)
         return implementations.head_surrogate(out, old_log_likelihood, advantage), state
 
     def actor(inputs, state):
@@ -239,7 +252,7 @@ def time_case(case, batch, rounds):
     hand_rollout, hand_loss, hand_actor = _hand_written(case)
     head_rollout, head_loss, head_actor, head_input, actor_input = _head(case, params)
     hand_input = (jax.random.key(1), params)
-    (_, old, x0), _ = jax.jit(hand_rollout)(inputs, hand_input)
+    (_, old, x_k), _ = jax.jit(hand_rollout)(inputs, hand_input)
     advantage = jax.random.normal(jax.random.key(2), (batch,))
     steps = {
         "handwritten": (hand_rollout, hand_loss, hand_actor, hand_input, hand_input),
@@ -264,7 +277,7 @@ def time_case(case, batch, rounds):
 
     return {
         "rollout": timing.interleaved(workload(0, (inputs,), False), rounds),
-        "loss": timing.interleaved(workload(1, (inputs, x0, old, advantage), True), rounds),
+        "loss": timing.interleaved(workload(1, (inputs, x_k, old, advantage), True), rounds),
         "actor": timing.interleaved(workload(2, (inputs,), True), rounds),
     }
 
@@ -288,18 +301,21 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         conditions.line(),
         "",
         f"A = {A} action dimensions, F = {F} features, conditioners of hidden widths "
-        f"{HIDDEN}. Hand-written: `distrax.Transformed(Independent(Normal(mean, std), 1), "
-        "Chain([Block(Tanh(), 1), *reversed(layers)]))`, its `MaskedCoupling` layers "
-        "calling the head's MLPs as pure functions of the same parameters; the rollout "
-        "stores `x0` and scores it with `chain.forward_and_log_det`, the loss scores the "
-        "stored `x0` and adds the entropy `base.entropy() + log_det(mean + std * eps)` "
-        "(`eps` a fresh draw, a constant). `samplers`: `FlowSampler(rngs, 0.01, "
+        f"{HIDDEN}. Hand-written: `Independent(Normal(mean, std), 1)`, a `distrax.Chain` "
+        "of `MaskedCoupling` layers calling the head's MLPs as pure functions of the "
+        "same parameters, then tanh; the rollout and the actor step score a fresh draw "
+        "forward (`forward_and_log_det`), the rollout stores the pre-squash `x_K`, the "
+        "loss scores it through the layers' inverses (`inverse_and_log_det`) and adds "
+        "the entropy `base.entropy() + log_det(mean + std * eps)` (`eps` a fresh draw, a "
+        "constant). `samplers`: `FlowSampler(rngs, 0.01, "
         f"action_dim={A}, feature_dim={F}, num_layers=K, transform=..., "
         f"hidden_sizes={HIDDEN})` through the path `samplers.functional` takes, "
         "`reparameterized=True` for the actor step. `samplers (pure layer)`: the "
         "hand-written steps on `samplers.squashed_flow` of the same layers "
         "(`sample_pre_image`, `forward_and_log_prob`, `log_prob_from_pre_image`, "
-        "`entropy_estimate`), which separates what the module adds. Each cell: median over "
+        "`entropy_estimate`), which separates what the module adds. The head and the "
+        "pure layer score a fresh draw as their replay will: the layers' inverse after "
+        "their forward pass. Each cell: median over "
         f"{rounds} interleaved rounds of time / hand-written time in the same round "
         "(min-max); below 1 is faster than the hand-written code.",
     ]

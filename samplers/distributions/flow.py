@@ -3,8 +3,9 @@
 ``x0 ~ N(loc, scale)`` goes through the layers ``g_1 .. g_K`` (bijectors on the
 action vector, such as distrax's ``MaskedCoupling``, whose conditioners may also see
 the state) and then an elementwise squashing ``f``: the action is
-``f(g_K(... g_1(x0)))``. The replay data is the base pre-image ``x0``, scored forward
-through the same layers, never through their inverses.
+``f(g_K(... g_1(x0)))``. The replay data is the squashing's pre-image
+``x_K = g_K(... g_1(x0))``, which fixes the action; it is scored through the layers'
+inverses (exact in closed form for coupling layers), never the squashing's.
 """
 
 from collections.abc import Sequence
@@ -37,16 +38,22 @@ class SquashedFlow(distrax.Transformed, Replayable):
     Chain([Block(f, 1), g_K, ..., g_1]))``, and its ``log_prob`` agrees with that
     object's wherever the inverses are finite.
 
-    Numerical caveat: once ``f`` saturates (``tanh`` rounds to +-1 in float32 from
-    ``|x_K| ~ 9``), the action no longer tells which pre-image produced it, and the
-    inverse path (distrax's ``log_prob``) is NaN or infinite. The replay data is
-    therefore the base pre-image ``x0``: :meth:`log_prob_from_pre_image` scores it
-    through the layers' forward passes, finite for any finite ``x0``, and a sample
-    remembers its ``x0`` so that ``dist.log_prob`` of the very array :meth:`sample`
-    returned scores it. Any other action is scored through the inverses
-    (``distrax.Transformed.log_prob``): NaN or infinite on a bound, never a
-    plausible finite number. ``entropy()`` has no closed form; see
-    :meth:`entropy_estimate`.
+    The pre-image: as for :class:`samplers.SquashedNormal`, it is the squashing's,
+    ``x_K``, here after the layers. Once ``f`` saturates (``tanh`` rounds to +-1 in
+    float32 from ``|x_K| ~ 9``) the action no longer tells which ``x_K`` produced it,
+    and the inverse path (distrax's ``log_prob``) is NaN or infinite; ``x_K`` itself
+    is finite. :meth:`log_prob_from_pre_image` scores it by inverting the layers,
+    ``log p = log N(x0; loc, scale) + sum_k log|det J_k^-1| - sum log|f'(x_K)|`` with
+    ``x0 = g_1^-1(... g_K^-1(x_K))``: a coupling layer inverts exactly, its
+    conditioner seeing the dimensions it keeps, which the layer does not change. The
+    base draw ``x0`` would not do as replay data: once the layers have learned, it
+    stands for another action, and its score's gradient with respect to the layers
+    is not the gradient of the log-density of the action taken. A sample remembers
+    its ``x_K``, so that ``dist.log_prob`` of the very array :meth:`sample` returned
+    scores it. Any other action is scored through the inverses, the squashing's
+    included (``distrax.Transformed.log_prob``): NaN or infinite where that inverse
+    is (on a bound, or within rounding of one), never a plausible finite number.
+    ``entropy()`` has no closed form; see :meth:`entropy_estimate`.
 
     Parameters are not checked: a NaN or infinite ``loc`` or ``scale``, or a
     ``scale`` that is not positive, makes that dimension's ``loc`` and ``scale`` NaN,
@@ -55,9 +62,9 @@ class SquashedFlow(distrax.Transformed, Replayable):
     Args:
         loc: Means of the base Normal, shape ``[*batch, action]``.
         scale: Its standard deviations, the same shape, positive.
-        layers: Bijectors on the action vector (``event_ndims_in == 1``) that keep
-            its shape, applied in order (``layers[0]`` first); ``()`` gives the
-            squashed Normal.
+        layers: Invertible bijectors on the action vector (``event_ndims_in == 1``)
+            that keep its shape, applied in order (``layers[0]`` first); ``()`` gives
+            the squashed Normal.
         bijector: The elementwise squashing ``f``, applied last (tanh by default).
 
     Raises:
@@ -132,18 +139,30 @@ class SquashedFlow(distrax.Transformed, Replayable):
         """The elementwise bijector applied last."""
         return self._squashing
 
-    def _through_layers(self, pre_image) -> tuple[Array, Array]:
-        """``(x_K, sum_k log|det J_k|)`` for the base pre-image ``x0``."""
-        x, log_det = pre_image, jnp.zeros(pre_image.shape[:-1], pre_image.dtype)
+    def _forward_layers(self, base_draw) -> tuple[Array, Array]:
+        """``(x_K, sum_k log|det J_k|)`` for a draw ``x0`` of the base Normal."""
+        x, log_det = base_draw, jnp.zeros(base_draw.shape[:-1], base_draw.dtype)
         for layer in self._layers:
             y, layer_log_det = layer.forward_and_log_det(x)
-            if jnp.shape(y) != jnp.shape(x):
-                raise ValueError(
-                    f"a flow layer ({type(layer).__name__}) changed the shape {x.shape} to "
-                    f"{jnp.shape(y)}; each layer must keep the action shape."
-                )
-            x, log_det = jnp.asarray(y), log_det + layer_log_det
+            x, log_det = self._same_shape(layer, x, y), log_det + layer_log_det
         return x, log_det
+
+    def _inverse_layers(self, pre_image) -> tuple[Array, Array]:
+        """``(x0, sum_k log|det J_k^-1|)`` for the squashing's pre-image ``x_K``."""
+        x, log_det = pre_image, jnp.zeros(pre_image.shape[:-1], pre_image.dtype)
+        for layer in reversed(self._layers):
+            y, layer_log_det = layer.inverse_and_log_det(x)
+            x, log_det = self._same_shape(layer, x, y), log_det + layer_log_det
+        return x, log_det
+
+    @staticmethod
+    def _same_shape(layer, x, y) -> Array:
+        if jnp.shape(y) != jnp.shape(x):
+            raise ValueError(
+                f"a flow layer ({type(layer).__name__}) changed the shape {x.shape} to "
+                f"{jnp.shape(y)}; each layer must keep the action shape."
+            )
+        return jnp.asarray(y)
 
     def _squash(self, x) -> Array:
         """``f(x)``, for the squashings differentiated with ``f'(x) > 0`` also on a bound."""
@@ -151,15 +170,16 @@ class SquashedFlow(distrax.Transformed, Replayable):
             return jnp.asarray(self._squashing.forward(x))
         return _squashed.squashing_forward(self._squashing, x)
 
-    def forward_and_log_prob(
+    def log_prob_from_pre_image(
         self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
-        """The action of the base pre-image ``x0`` and its log-density, in one forward
-        pass through the layers, with no inverse.
+    ) -> Float[Array, "*sample_and_batch"]:
+        """The log-density of the action ``f(x_K)``, from the squashing's pre-image
+        ``x_K`` alone: the layers inverted, the squashing not (the replay's score).
 
-        ``pre_image`` broadcasts with ``[*batch, action]``. Gradients reach ``loc``,
-        ``scale``, ``pre_image`` and whatever the layers close over (a conditioner's
-        parameters), also where the action rounded onto a bound.
+        Finite for any finite ``x_K`` with coupling layers; ``pre_image`` broadcasts
+        with ``[*batch, action]``. Gradients reach ``loc``, ``scale``, ``pre_image``
+        and whatever the layers close over (a conditioner's parameters): for a stored
+        ``x_K`` they are those of the log-density of that action.
         """
         pre_image = _checks.float_array("pre_image", pre_image)
         try:
@@ -171,72 +191,83 @@ class SquashedFlow(distrax.Transformed, Replayable):
                 f"[*sample, *batch, action]."
             ) from None
         dtype = jnp.result_type(pre_image, self._loc)
-        x0, loc, scale = (
+        x, loc, scale = (
             jnp.broadcast_to(a, shape).astype(dtype) for a in (pre_image, self._loc, self._scale)
         )
-        x, layers_log_det = self._through_layers(x0)
-        log_normal = jnp.sum(_squashed.log_normal(x0, loc, scale), axis=-1)
+        base_draw, layers_log_det = self._inverse_layers(x)
+        log_normal = jnp.sum(_squashed.log_normal(base_draw, loc, scale), axis=-1)
         squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(x), axis=-1)
-        return self._squash(x), log_normal - layers_log_det - squash_log_det
+        return log_normal + layers_log_det - squash_log_det
 
-    def log_prob_from_pre_image(
+    def forward_and_log_prob(
         self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> Float[Array, "*sample_and_batch"]:
-        """The log-density of the action of the base pre-image ``x0``, from ``x0`` alone
-        (see :meth:`forward_and_log_prob`): the replay's score."""
-        return self.forward_and_log_prob(pre_image)[1]
+    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
+        """The action ``f(x_K)`` and :meth:`log_prob_from_pre_image` of ``x_K``.
+
+        The action's derivative with respect to ``x_K`` is ``f'(x_K)``, positive also
+        where ``f(x_K)`` rounds onto a bound.
+        """
+        log_prob = self.log_prob_from_pre_image(pre_image)
+        return self._squash(jnp.asarray(pre_image)), log_prob
 
     def sample_pre_image(self, *, seed: PRNGKeyArray | int) -> Float[Array, "*batch action"]:
-        """Draws ``x0 = loc + scale * eps``, reparameterised; ``seed`` is one key (or an
-        integer) or one typed key per batch element."""
-        return self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
+        """Draws ``x_K = g_K(... g_1(loc + scale * eps))``, reparameterised (gradients
+        reach ``loc``, ``scale`` and the layers); ``seed`` is one key (or an integer) or
+        one typed key per batch element."""
+        base_draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
+        return self._forward_layers(base_draw)[0]
 
     def _remember(self, pre_image, action) -> Array:
         _pre_images.PRE_IMAGES.remember(action, pre_image, self.bijector)
         return action
 
     def sample_replay_data(self, *, seed) -> Array:
-        """:meth:`sample_pre_image`: the base pre-image is the replay data."""
+        """:meth:`sample_pre_image`: the squashing's pre-image is the replay data."""
         return self.sample_pre_image(seed=seed)
 
     def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
-        """``loc``: the deterministic action is the flow and squashing of the base mean."""
-        return self._loc
+        """``g_K(... g_1(loc))``: the deterministic action is the flow and squashing of the
+        base mean (not the mode of a multimodal flow)."""
+        return self._forward_layers(self._loc)[0]
 
     def replay(self, replay_data) -> tuple[Float[Array, "*batch action"], Float[Array, "*batch"]]:
-        """The action of the stored base pre-image (remembered, as a sample's) and its
+        """The action of the stored pre-image ``x_K`` (remembered, as a sample's) and its
         log-density."""
         action, log_prob = self.forward_and_log_prob(replay_data)
         return self._remember(replay_data, action), log_prob
 
     def check_replay_data(self, replay_data) -> Array:
-        """A stored base pre-image of the action shape, floating, at the parameters' precision."""
+        """A stored pre-image of the action shape, floating, at the parameters' precision."""
         return _checks.replayed_pre_image(
-            replay_data, self._loc.shape, self._loc.dtype, hint=" (the stored base pre-image)"
+            replay_data, self._loc.shape, self._loc.dtype, hint=" (the stored pre-squash action)"
         )
 
     def deterministic_action(self) -> Float[Array, "*batch action"]:
-        """The action of ``loc`` (remembered: ``log_prob`` of it scores ``loc``)."""
-        return self.replay(self._loc)[0]
+        """``f(g_K(... g_1(loc)))``, remembered with its pre-image for ``log_prob``."""
+        return self.replay(self.deterministic_replay_data())[0]
 
     def sample(self, *, seed: Seed, sample_shape: SampleShape = ()) -> Array:
-        """Samples actions, remembering their base pre-images: ``log_prob`` of the
-        returned array scores them forward. Shape ``[*sample_shape, *batch, action]``."""
-        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
-        return self._remember(pre_image, self.forward_and_log_prob(pre_image)[0])
+        """Samples actions, remembering their pre-images ``x_K``: ``log_prob`` of the
+        returned array scores them. Shape ``[*sample_shape, *batch, action]``."""
+        pre_image = self._forward_layers(
+            self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        )[0]
+        return self._remember(pre_image, self._squash(pre_image))
 
     def sample_and_log_prob(
         self, *, seed: Seed, sample_shape: SampleShape = ()
     ) -> tuple[Array, Array]:
-        """The draws of :meth:`sample` and their log-densities, with no inverse."""
-        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        """The draws of :meth:`sample` and their log-densities, as their replay scores
+        them (the layers inverted, the squashing not)."""
+        base_draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        pre_image = self._forward_layers(base_draw)[0]
         action, log_prob = self.forward_and_log_prob(pre_image)
         return self._remember(pre_image, action), log_prob
 
     def log_prob(self, value: Float[ArrayLike, "*value_batch action"]) -> Array:
-        """A sample's log-density from its remembered base pre-image; any other
-        action's through the inverses (``distrax.Transformed.log_prob``), NaN or
-        infinite where an inverse is (on a bound)."""
+        """A sample's log-density from its remembered pre-image; any other action's
+        through the inverses, the squashing's included (``distrax.Transformed.log_prob``):
+        NaN or infinite where that inverse is (on a bound, or within rounding of one)."""
         pre_image = _pre_images.PRE_IMAGES.recall(value, self.bijector)
         if pre_image is not None:
             return self.log_prob_from_pre_image(pre_image)
@@ -271,7 +302,7 @@ class SquashedFlow(distrax.Transformed, Replayable):
         """
         num_samples = _checks.positive_int("num_samples", num_samples)
         eps = jax.lax.stop_gradient(_pre_images.standard_normal(seed, self._loc, num_samples))
-        x, layers_log_det = self._through_layers(self._loc[None] + self._scale[None] * eps)
+        x, layers_log_det = self._forward_layers(self._loc[None] + self._scale[None] * eps)
         log_det = layers_log_det + jnp.sum(self._squashing.forward_log_det_jacobian(x), -1)
         normal = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(self._scale), axis=-1)
         return normal + jnp.mean(log_det, axis=0)

@@ -250,7 +250,7 @@ def action_distributions(
     The samples come from the head in training mode. The density is computed
     from the head's distribution object on a grid of pre-images ``x`` spanning
     ``loc +- 6 scale`` (for the Beta head, the logit's mean +- 6 stds; for a flow head,
-    base pre-images, which its layers then move): the torque
+    base draws, which its layers then move): the torque
     is ``torque_scale * f(x)`` and its density is
     ``exp(log_prob_from_pre_image(x)) / torque_scale``, which stays finite where
     ``f`` saturates and ``log_prob`` of the action would need ``atanh(+-1)``.
@@ -283,14 +283,18 @@ def action_distributions(
             center, spread = logit.mean(), logit.stddev()
             deterministic = dist.mean()
         else:
-            # A squashed Normal, or a flow: its bijector maps the base pre-image to
-            # the action, increasing (coupling transforms and squashings are).
             dist = cast(samplers.SquashedNormal | samplers.SquashedFlow, dist)
             center, spread = dist.loc, dist.scale
             deterministic = dist.deterministic_action()
         pre_image = center + spread * jnp.linspace(-6.0, 6.0, grid)[:, None]
-        action = jnp.asarray(dist.bijector.forward(pre_image))[:, 0]
-        density = jnp.exp(dist.log_prob_from_pre_image(pre_image)) / torque_scale
+        if isinstance(dist, samplers.SquashedFlow):
+            # The grid is of base draws: the layers (increasing, as coupling transforms
+            # in one dimension are) take it to the squashing's pre-images.
+            for layer in dist.layers:
+                pre_image = jnp.asarray(layer.forward(pre_image))
+        action, log_prob = dist.forward_and_log_prob(pre_image)
+        action = action[:, 0]
+        density = jnp.exp(log_prob) / torque_scale
         result.append(
             {
                 "state": (theta, theta_dot),

@@ -2,8 +2,8 @@
 
 The network output is ``[mean | raw_std | features]``; coupling layers whose
 conditioners (MLPs held by the head) see the untouched action dimensions and the
-features move the Normal's sample before the squashing. The replay data is the base
-pre-image, scored forward through the same layers (:class:`samplers.SquashedFlow`).
+features move the Normal's sample before the squashing. The replay data is the
+squashing's pre-image, scored by inverting the layers (:class:`samplers.SquashedFlow`).
 The call is :class:`samplers.ActionSampler`'s.
 """
 
@@ -45,9 +45,14 @@ class FlowSampler(SquashedNormalSampler):
     last layer starts at zero, so a new head is the squashed-Normal head: the
     layers start as the identity.
 
-    The replay data is the base pre-image ``x0``; a replay scores it forward through
-    the layers (no inverse), so the first PPO ratio is exactly 1 and a saturated
-    action stays finite. The entropy has no closed form: ``entropy`` is
+    The replay data is the squashing's pre-image ``x_K``, which fixes the action; a
+    replay scores it by inverting the layers under the current parameters (never the
+    squashing), so a saturated action stays finite and the gradient with respect to
+    the conditioners is that of the log-density of the action taken. A sample's
+    log-likelihood is computed the same way, at the cost of the layers' inverse
+    after their forward pass; its replay reproduces it to float32 rounding (the
+    rollout and the loss are different XLA programs, whose matrix products may
+    round differently). The entropy has no closed form: ``entropy`` is
     ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
     draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
     ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).
@@ -71,9 +76,16 @@ class FlowSampler(SquashedNormalSampler):
         bijector: The elementwise squashing (``samplers.Tanh()`` by default).
         entropy: ``"sample"``, ``("sample", n)`` or ``"base"``, as above.
         reparameterized: If True, a fresh sample keeps its pathwise gradient (SAC).
-        per_env_streams: One random stream per environment in the carry state.
+        per_env_streams: One random stream per environment in the carry state; an
+            environment's base draw does not depend on the rest of the batch, its
+            action to rounding (the conditioners' matrix products round by batch size).
         log_ratio_metrics: As in :class:`samplers.SquashedNormalSampler`.
         rng_collection: The stream keys are drawn from.
+
+    Non-finite inputs: a NaN or infinite mean, raw std or feature makes that batch
+    element's outputs NaN (through the base Normal, as in the squashed-Normal head),
+    and so does a NaN conditioner output, also where a spline would pass the value
+    through unchanged.
 
     Raises:
         TypeError: ``rngs`` is not an ``nnx.Rngs``.
@@ -167,9 +179,12 @@ class FlowSampler(SquashedNormalSampler):
         self._check_width(inputs, "[mean | raw_std | features]", "2 * action_dim + feature_dim")
         split = self.num_params - self.feature_dim
         features = inputs[..., split:]
+        # A non-finite feature makes its batch element NaN, through the base Normal.
+        finite = jnp.all(jnp.isfinite(features), axis=-1, keepdims=True)
+        base = jnp.where(finite, inputs[..., :split], jnp.nan)
         layers = [self._layer(index, features) for index in range(len(self.conditioners))]
         return squashed_flow(
-            inputs[..., :split],
+            base,
             layers,
             self.bijector,
             min_std=self.min_std,
@@ -194,9 +209,13 @@ class FlowSampler(SquashedNormalSampler):
         if self.transform[0] == "affine":
             log_scale = _MAX_LOG_SCALE * jnp.tanh(params[..., 1] / _MAX_LOG_SCALE)
             return distrax.ScalarAffine(shift=params[..., 0], log_scale=log_scale)
-        return distrax.RationalQuadraticSpline(
+        spline = distrax.RationalQuadraticSpline(
             params, range_min=-5.0, range_max=5.0, boundary_slopes="identity"
         )
+        # The spline is the identity outside [-5, 5] whatever its parameters: a shift by
+        # 0 * their sum carries a NaN parameter into the value there too.
+        guard = distrax.ScalarAffine(shift=0.0 * jnp.sum(params, axis=-1))
+        return distrax.Chain([guard, spline])
 
 
 class _Conditioner(nnx.Module):

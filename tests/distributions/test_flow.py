@@ -1,6 +1,7 @@
 """The flow distribution against outside references: a float64 formula written here,
 distrax's ``Transformed`` and TFP's ``RealNVP`` built from the same layers, finite
-differences; the replay on saturated samples, where the inverse path is NaN."""
+differences; the replay's gradient, that of the log-density of the action taken; the
+replay on saturated samples, where the inverse path is NaN."""
 
 import distrax
 import jax
@@ -59,7 +60,8 @@ def _affine_layers(weights, features):
 
 
 def _float64_log_prob(x0, loc, scale, weights, features):
-    """``log N(x0) - sum log-scales - sum log(1 - tanh(x_K)^2)``, in numpy float64."""
+    """``(log N(x0) - sum log-scales - sum log(1 - tanh(x_K)^2), tanh(x_K), x_K)`` for
+    the base draw ``x0``, forward through the layers, in numpy float64."""
     log_prob = np.sum(
         -0.5 * ((x0 - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi), -1
     )
@@ -75,7 +77,21 @@ def _float64_log_prob(x0, loc, scale, weights, features):
         x = np.where(keep, x, moved)
         log_prob -= np.sum(np.where(keep, 0.0, p[..., 1]), -1)
     log_det_tanh = np.log(4.0) - 2.0 * np.logaddexp(x, -x)
-    return log_prob - np.sum(log_det_tanh, -1), np.tanh(x)
+    return log_prob - np.sum(log_det_tanh, -1), np.tanh(x), x
+
+
+def _float64_base_draw(x_k, weights, features):
+    """``x0`` for the squashing's pre-image ``x_K``: the layers inverted, last first."""
+    x = x_k
+    for kept, (w, v, b) in reversed(list(zip(KEPT, weights, strict=True))):
+        keep = _keep(kept)
+        p = (
+            np.einsum("...i,ijk->...jk", np.where(keep, x, 0.0), w)
+            + np.einsum("...i,ijk->...jk", features, v)
+            + b
+        )
+        x = np.where(keep, x, (x - p[..., 0]) * np.exp(-p[..., 1]))
+    return x
 
 
 def _inputs(seed, spread=1.0):
@@ -100,10 +116,11 @@ def test_log_prob_matches_a_float64_formula_distrax_and_tfp():
     loc, scale, features, x0 = _inputs(0, spread=0.5)
     x0 = x0 / 2
     weights = _weights(1, on_action=0.1)
-    expected, action64 = _float64_log_prob(x0, loc, scale, weights, features)
-    assert np.all(np.abs(np.arctanh(action64)) < 4)  # away from saturation: inverses finite
+    expected, action64, x_k = _float64_log_prob(x0, loc, scale, weights, features)
+    assert np.all(np.abs(x_k) < 4)  # away from saturation: every inverse finite
+    np.testing.assert_allclose(_float64_base_draw(x_k, weights, features), x0, rtol=1e-12)
     dist = _flow(loc, scale, weights, features)
-    action, log_prob = dist.forward_and_log_prob(jnp.asarray(x0, jnp.float32))
+    action, log_prob = dist.forward_and_log_prob(jnp.asarray(x_k, jnp.float32))
     np.testing.assert_allclose(log_prob, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(action, action64, atol=2e-6)
     # distrax's Transformed of the same layers, built here, scores the action
@@ -200,10 +217,40 @@ def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite
     # An equal copy of the action is scored through the inverses: not finite, never
     # a plausible number.
     assert not np.any(np.isfinite(dist.log_prob(np.array(action))))
-    expected, _ = _float64_log_prob(
-        np.asarray(stored, np.float64), loc, scale, _weights(3, on_action=0.0), features
-    )
+    weights = _weights(3, on_action=0.0)
+    x0 = _float64_base_draw(np.asarray(stored, np.float64), weights, features)
+    expected, _, _ = _float64_log_prob(x0, loc, scale, weights, features)
     np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
+
+
+def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
+    """For a stored pre-image, with respect to the base, the conditioners' weights and
+    the features: distrax's inverse-path score of the fixed action, in float64."""
+    loc, scale, features, x0 = _inputs(17, spread=0.5)
+    weights = _weights(18)
+    _, _, x_k = _float64_log_prob(x0 / 2, loc, scale, weights, features)
+    assert np.all(np.abs(x_k) < 4)
+    with jax.enable_x64(True):
+        action = jnp.tanh(jnp.asarray(x_k))
+
+        def ours(loc, scale, w0, feats):
+            layers = [(w0, *weights[0][1:]), *weights[1:]]
+            return _flow(loc, scale, layers, feats, jnp.float64).log_prob_from_pre_image(x_k).sum()
+
+        def theirs(loc, scale, w0, feats):
+            cast = [(w0, *weights[0][1:]), *weights[1:]]
+            cast = [tuple(jnp.asarray(a) for a in layer) for layer in cast]
+            base = distrax.Independent(distrax.Normal(loc, scale), 1)
+            chain = [distrax.Block(distrax.Tanh(), 1), *reversed(_affine_layers(cast, feats))]
+            return distrax.Transformed(base, distrax.Chain(chain)).log_prob(action).sum()
+
+        args = [jnp.asarray(a) for a in (loc, scale, weights[0][0], features)]
+        np.testing.assert_allclose(ours(*args), theirs(*args), rtol=1e-9)
+        got = jax.grad(ours, argnums=(0, 1, 2, 3))(*args)
+        want = jax.grad(theirs, argnums=(0, 1, 2, 3))(*args)
+        for name, g, w in zip(("loc", "scale", "weights", "features"), got, want, strict=True):
+            assert np.max(np.abs(w)) > 1e-3, name  # each moves the score
+            np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)
 
 
 @pytest.mark.slow
@@ -212,10 +259,10 @@ def test_gradients_match_float64_central_differences():
     weights = _weights(5)
     with jax.enable_x64(True):
 
-        def total(loc, scale, x0, w0):
+        def total(loc, scale, x_k, w0):
             layers = [(w0, *weights[0][1:]), *weights[1:]]
             dist = _flow(loc, scale, layers, features, jnp.float64)
-            return dist.log_prob_from_pre_image(x0).sum()
+            return dist.log_prob_from_pre_image(x_k).sum()
 
         args = [jnp.asarray(a) for a in (loc, scale, x0, weights[0][0])]
         grads = jax.grad(total, argnums=(0, 1, 2, 3))(*args)
