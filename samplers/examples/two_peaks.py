@@ -51,7 +51,7 @@ def optimal_value(s: jax.Array, points: int = 20001) -> jax.Array:
     a = jnp.linspace(-1.0, 1.0, points)
     r = reward(s[:, None], jnp.broadcast_to(a, (s.shape[0], points)))
     top = jnp.max(r, axis=-1, keepdims=True)
-    integral = jnp.trapezoid(jnp.exp((r - top) / ALPHA), a, axis=-1)
+    integral = jnp.trapezoid(jnp.exp((r - top) / ALPHA), dx=2.0 / (points - 1), axis=-1)
     return ALPHA * jnp.log(integral) + top[:, 0]
 
 
