@@ -171,8 +171,11 @@ def test_an_integer_or_lower_precision_action_stored_for_a_beta_is_refused(dtype
     np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-4, atol=1e-4)
 
 
-# The streams are the point, not the distribution: the Beta case (a costlier draw) is slow.
-@pytest.mark.parametrize("make, width", [(_categorical, 4), slow(_beta, 6, id="beta")])
+# The streams are the point, not the distribution, and the default tier checks them on
+# the squashed-Normal and composite heads: both cases here are slow.
+@pytest.mark.parametrize(
+    "make, width", [slow(_categorical, 4, id="categorical"), slow(_beta, 6, id="beta")]
+)
 def test_per_env_streams_sample_each_environment_from_its_own_key(make, width):
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.1, make, per_env_streams=True)
     keys = head.initialize_state(6)
