@@ -19,13 +19,13 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from samplers import _checks
 from samplers._numerics import HALF_LOG_2PI
 from samplers.distributions import _pre_images, _squashed
-from samplers.distributions.bijectors import Tanh, squashing
-from samplers.distributions.replay import Replayable, SampleShape, Seed
+from samplers.distributions.bijectors import Tanh
+from samplers.distributions.replay import PreImageReplay
 
 _TANH = Tanh()
 
 
-class SquashedFlow(distrax.Transformed, Replayable):
+class SquashedFlow(PreImageReplay):
     """``f(g_K(... g_1(x0)))`` with ``x0 ~ N(loc, scale)``: a flow between a diagonal
     Normal and an elementwise squashing.
 
@@ -86,6 +86,8 @@ class SquashedFlow(distrax.Transformed, Replayable):
         >>> bool(dist.replay(pre_image)[1] == log_prob)  # the stored pre-image replays it
         True
     """
+
+    _replay_hint = " (the stored pre-squash action)"
 
     def __init__(
         self,
@@ -164,11 +166,17 @@ class SquashedFlow(distrax.Transformed, Replayable):
             )
         return jnp.asarray(y)
 
-    def _squash(self, x) -> Array:
-        """``f(x)``, for the squashings differentiated with ``f'(x) > 0`` also on a bound."""
-        if squashing(self._squashing) is None:
-            return jnp.asarray(self._squashing.forward(x))
-        return _squashed.squashing_forward(self._squashing, x)
+    @property
+    def _parameters(self) -> tuple[Array, Array]:
+        return self._loc, self._scale
+
+    @property
+    def _elementwise(self) -> distrax.Bijector:
+        return self._squashing
+
+    def _pre_image_of(self, draw) -> Array:
+        """``x_K``: a base draw through the layers."""
+        return self._forward_layers(draw)[0]
 
     def log_prob_from_pre_image(
         self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
@@ -181,97 +189,30 @@ class SquashedFlow(distrax.Transformed, Replayable):
         and whatever the layers close over (a conditioner's parameters): for a stored
         ``x_K`` they are those of the log-density of that action.
         """
-        pre_image = _checks.float_array("pre_image", pre_image)
-        try:
-            shape = jnp.broadcast_shapes(pre_image.shape, self._loc.shape)
-        except ValueError:
-            raise ValueError(
-                f"pre_image must broadcast with the distribution's shape [*batch, action] = "
-                f"{self._loc.shape}, got {pre_image.shape}; give it shape "
-                f"[*sample, *batch, action]."
-            ) from None
-        dtype = jnp.result_type(pre_image, self._loc)
-        x, loc, scale = (
-            jnp.broadcast_to(a, shape).astype(dtype) for a in (pre_image, self._loc, self._scale)
-        )
+        x, loc, scale = self._broadcast("pre_image", pre_image)
         base_draw, layers_log_det = self._inverse_layers(x)
         log_normal = jnp.sum(_squashed.log_normal(base_draw, loc, scale), axis=-1)
         squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(x), axis=-1)
         return log_normal + layers_log_det - squash_log_det
 
-    def forward_and_log_prob(
-        self, pre_image: Float[ArrayLike, "*sample_and_batch action"]
-    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
-        """The action ``f(x_K)`` and :meth:`log_prob_from_pre_image` of ``x_K``.
-
-        The action's derivative with respect to ``x_K`` is ``f'(x_K)``, positive also
-        where ``f(x_K)`` rounds onto a bound.
-        """
-        log_prob = self.log_prob_from_pre_image(pre_image)
-        return self._squash(jnp.asarray(pre_image)), log_prob
+    def _log_prob_of_action(self, value) -> Array:
+        return jnp.asarray(distrax.Transformed.log_prob(self, value))
 
     def sample_pre_image(self, *, seed: PRNGKeyArray | int) -> Float[Array, "*batch action"]:
         """Draws ``x_K = g_K(... g_1(loc + scale * eps))``, reparameterised (gradients
         reach ``loc``, ``scale`` and the layers); ``seed`` is one key (or an integer) or
         one typed key per batch element."""
-        base_draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
-        return self._forward_layers(base_draw)[0]
-
-    def _remember(self, pre_image, action) -> Array:
-        _pre_images.PRE_IMAGES.remember(action, pre_image, self.bijector)
-        return action
-
-    def sample_replay_data(self, *, seed) -> Array:
-        """:meth:`sample_pre_image`: the squashing's pre-image is the replay data."""
-        return self.sample_pre_image(seed=seed)
+        draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
+        return self._pre_image_of(draw)
 
     def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
         """``g_K(... g_1(loc))``: the deterministic action is the flow and squashing of the
         base mean (not the mode of a multimodal flow)."""
-        return self._forward_layers(self._loc)[0]
-
-    def replay(self, replay_data) -> tuple[Float[Array, "*batch action"], Float[Array, "*batch"]]:
-        """The action of the stored pre-image ``x_K`` (remembered, as a sample's) and its
-        log-density."""
-        action, log_prob = self.forward_and_log_prob(replay_data)
-        return self._remember(replay_data, action), log_prob
-
-    def check_replay_data(self, replay_data) -> Array:
-        """A stored pre-image of the action shape, floating, at the parameters' precision."""
-        return _checks.replayed_pre_image(
-            replay_data, self._loc.shape, self._loc.dtype, hint=" (the stored pre-squash action)"
-        )
+        return self._pre_image_of(self._loc)
 
     def deterministic_action(self) -> Float[Array, "*batch action"]:
         """``f(g_K(... g_1(loc)))``, remembered with its pre-image for ``log_prob``."""
-        return self.replay(self.deterministic_replay_data())[0]
-
-    def sample(self, *, seed: Seed, sample_shape: SampleShape = ()) -> Array:
-        """Samples actions, remembering their pre-images ``x_K``: ``log_prob`` of the
-        returned array scores them. Shape ``[*sample_shape, *batch, action]``."""
-        pre_image = self._forward_layers(
-            self.distribution.sample(seed=seed, sample_shape=sample_shape)
-        )[0]
-        return self._remember(pre_image, self._squash(pre_image))
-
-    def sample_and_log_prob(
-        self, *, seed: Seed, sample_shape: SampleShape = ()
-    ) -> tuple[Array, Array]:
-        """The draws of :meth:`sample` and their log-densities, as their replay scores
-        them (the layers inverted, the squashing not)."""
-        base_draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
-        pre_image = self._forward_layers(base_draw)[0]
-        action, log_prob = self.forward_and_log_prob(pre_image)
-        return self._remember(pre_image, action), log_prob
-
-    def log_prob(self, value: Float[ArrayLike, "*value_batch action"]) -> Array:
-        """A sample's log-density from its remembered pre-image; any other action's
-        through the inverses, the squashing's included (``distrax.Transformed.log_prob``):
-        NaN or infinite where that inverse is (on a bound, or within rounding of one)."""
-        pre_image = _pre_images.PRE_IMAGES.recall(value, self.bijector)
-        if pre_image is not None:
-            return self.log_prob_from_pre_image(pre_image)
-        return jnp.asarray(super().log_prob(value))
+        return self._remember(self.deterministic_replay_data())
 
     def entropy(self, input_hint: Any = None) -> Array:
         """Not available: a flow's entropy has no closed form.

@@ -188,16 +188,20 @@ def sample_per_key(dist: distrax.Distribution, seed) -> Array:
 
 
 class PreImageReplay(distrax.Transformed, Replayable):
-    """A ``distrax.Transformed`` through an elementwise squashing, replayed by its pre-image.
+    """A ``distrax.Transformed`` that ends in an elementwise squashing, replayed by its
+    pre-image.
 
-    What :class:`samplers.SquashedNormal` and :class:`samplers.SquashedBeta` share:
-    the replay data is the pre-image ``x`` of the action ``f(x)``, scored by
+    What :class:`samplers.SquashedNormal`, :class:`samplers.SquashedBeta` and
+    :class:`samplers.SquashedFlow` share: the replay data is the pre-image ``x`` of
+    the action ``f(x)``, scored by
     ``log_prob_from_pre_image``, so that an action that rounded onto a bound
     replays exactly; a sample remembers its pre-image, as TFP's bijector cache
     does, so ``log_prob`` of the very array returned scores its pre-image. A
     subclass supplies :meth:`sample_pre_image`, :meth:`log_prob_from_pre_image`,
     ``deterministic_replay_data``, ``_parameters`` (its ``[*batch, action]``
-    parameter arrays) and ``_log_prob_of_action`` (the score of any other action).
+    parameter arrays) and ``_log_prob_of_action`` (the score of any other action);
+    one with layers before the squashing overrides ``_elementwise`` and
+    ``_pre_image_of``.
     """
 
     _replay_hint = " (the stored pre-image)"
@@ -230,11 +234,16 @@ class PreImageReplay(distrax.Transformed, Replayable):
     def _bounds(self) -> Squashing | None:
         return squashing(self._elementwise)
 
+    def _pre_image_of(self, draw) -> Array:
+        """The pre-image of a draw of ``self.distribution``: the draw itself, unless
+        layers lie between the base distribution and the squashing."""
+        return draw
+
     def _forward(self, pre_image) -> Array:
         """``f(pre_image)``; for the squashings, differentiated with ``f'(x) > 0`` also
         where ``f(x)`` rounds onto a bound (autodiff of float32 ``tanh`` gives 0)."""
         if self._bounds is None:
-            return jnp.asarray(self.bijector.forward(pre_image))
+            return jnp.asarray(self._elementwise.forward(pre_image))
         return _squashed.squashing_forward(self._elementwise, pre_image)
 
     def _remember(self, pre_image) -> Array:
@@ -287,7 +296,8 @@ class PreImageReplay(distrax.Transformed, Replayable):
             >>> dist.sample(seed=jax.random.key(0), sample_shape=3).shape
             (3, 5, 2)
         """
-        return self._remember(self.distribution.sample(seed=seed, sample_shape=sample_shape))
+        draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        return self._remember(self._pre_image_of(draw))
 
     def sample_and_log_prob(
         self, *, seed: Seed, sample_shape: SampleShape = ()
@@ -304,7 +314,8 @@ class PreImageReplay(distrax.Transformed, Replayable):
         """
         # Not distrax's version: it broadcasts the base distribution's parameters
         # against the sample axis implicitly, which rank promotion "raise" refuses.
-        pre_image = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        pre_image = self._pre_image_of(draw)
         return self._remember(pre_image), self.log_prob_from_pre_image(pre_image)
 
     def forward_and_log_prob(

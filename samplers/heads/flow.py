@@ -193,7 +193,8 @@ class FlowSampler(SquashedNormalSampler):
 
     def _layer(self, index: int, features) -> distrax.MaskedCoupling:
         """Coupling layer ``index``, its conditioner seeing ``features``."""
-        action = (self.num_params - self.feature_dim) // 2
+        action = self.action_dim
+        assert action is not None
         keep = np.arange(action) % 2 == index % 2 if action > 1 else np.zeros(1, bool)
         conditioner = self.conditioners[index]
 
