@@ -49,8 +49,12 @@ class Autoregressive(distrax.Distribution, Replayable):
     the sub-action's distribution, any ``distrax`` distribution of this package's
     kinds (a masked discrete one, a squashed Normal, a Beta, a
     :class:`samplers.Composite`). A step must also accept prefixes with one more
-    leading axis than the batch (the enumeration of :meth:`entropy` stacks the
-    prefixes there) and give distributions of that batch shape.
+    leading axis than the batch, ``[P, *batch]`` (the enumeration of :meth:`entropy`
+    and the KL stacks the prefixes there), and give distributions of that batch
+    shape: index a per-state table ``legal`` ``[B, units, targets]`` as
+    ``legal[jnp.arange(B), prefix["unit"]]``, which gives ``[B, targets]`` and
+    ``[P, B, targets]`` alike, not by the batch axis's position
+    (``legal[:, prefix["unit"]]``, a reshape to 2-D).
 
     An action, a sample and the replay data are dicts by sub-action name;
     ``log_prob`` is ``((l_1 + l_2) + l_3) ...`` in the given order, exactly that of
@@ -59,6 +63,12 @@ class Autoregressive(distrax.Distribution, Replayable):
     mode. The KL to another ``Autoregressive`` over the same names, ``sum_k
     E_p[KL(p_k(.|a_<k) || q_k(.|a_<k))]``, is registered with TFP and exact as
     :meth:`entropy` is.
+
+    An action whose earlier sub-actions have probability 0 scores ``-inf``, also
+    where a later sub-action has no distribution under that prefix (a masked
+    categorical row with no allowed action, NaN on its own): that sub-action's
+    conditional log-probability counts as ``-inf`` there, and its conditional
+    entropy (:meth:`conditional_entropies`) as 0.
 
     Args:
         steps: The steps by name, in order (a dict with str keys).
@@ -170,7 +180,8 @@ class Autoregressive(distrax.Distribution, Replayable):
             name: _replay.replay(dist, replay_data[name])
             for name, dist in self.step_distributions(replay_data).items()
         }
-        return {n: a for n, (a, _) in pairs.items()}, {n: lp for n, (_, lp) in pairs.items()}
+        log_probs, _ = _after_impossible(self._names, {n: lp for n, (_, lp) in pairs.items()})
+        return {n: a for n, (a, _) in pairs.items()}, log_probs
 
     def replay(self, replay_data: dict) -> tuple[dict, Array]:
         """The sub-actions and the sum of their log-probabilities, teacher-forced."""
@@ -211,14 +222,14 @@ class Autoregressive(distrax.Distribution, Replayable):
                 f"value must be a dict with the sub-actions {list(self._names)}, got "
                 f"{type(value).__name__}."
             )
-        log_probs = []
+        log_probs = {}
 
         def score(name, dist):
-            log_probs.append(jnp.asarray(dist.log_prob(value[name])))
+            log_probs[name] = jnp.asarray(dist.log_prob(value[name]))
             return _data_of_action(dist, value[name])
 
         self._draw(score)
-        return ordered_sum(log_probs)
+        return ordered_sum(list(_after_impossible(self._names, log_probs)[0].values()))
 
     def entropy(self) -> Array:
         """``H(a) = sum_k E[H(a_k | a_<k)]``, exact: every prefix enumerated, batched.
@@ -240,9 +251,16 @@ class Autoregressive(distrax.Distribution, Replayable):
         return ordered_sum(list(self.conditional_entropies(replay_data).values()))
 
     def conditional_entropies(self, replay_data: dict) -> dict[str, Array]:
-        """Each sub-action's entropy given the stored earlier ones, by name."""
+        """Each sub-action's entropy given the stored earlier ones, by name (0 where the
+        stored prefix has probability 0 and the sub-action no distribution)."""
         dists = self.step_distributions(replay_data)
-        return {name: jnp.asarray(dist.entropy()) for name, dist in dists.items()}
+        log_probs = {n: _replay.replay(d, replay_data[n])[1] for n, d in dists.items()}
+        _, impossible = _after_impossible(self._names, log_probs)
+        entropies = {name: jnp.asarray(dist.entropy()) for name, dist in dists.items()}
+        return {
+            name: jnp.where(impossible[name] & jnp.isnan(h), 0.0, h)
+            for name, h in entropies.items()
+        }
 
     def _expected(self, term: Callable, other: "Autoregressive | None", what: str) -> Array:
         """``sum_k E_{a_<k ~ self}[term(p_k, q_k)]`` over every prefix, batched."""
@@ -281,6 +299,23 @@ class Autoregressive(distrax.Distribution, Replayable):
                 )
             prefix, log_weight = _extend(prefix, log_weight, name, p, values)
         return jnp.asarray(total)
+
+
+def _after_impossible(names: tuple[str, ...], log_probs: dict) -> tuple[dict, dict]:
+    """``(log_probs, impossible)``: the conditional log-probabilities, ``-inf`` where
+    they are NaN after a prefix of probability 0 (a row with no allowed action under a
+    forbidden earlier choice), and whether each sub-action's prefix has probability 0.
+
+    The ``where`` passes no gradient to the NaN it replaces, and the masked rows' own
+    gradients are zero, so the gradient stays finite."""
+    impossible: Any = False
+    fixed, before = {}, {}
+    for name in names:
+        log_prob = log_probs[name]
+        before[name] = impossible
+        fixed[name] = jnp.where(impossible & jnp.isnan(log_prob), -jnp.inf, log_prob)
+        impossible = impossible | (log_prob == -jnp.inf)
+    return fixed, before
 
 
 def _prefix(names: tuple[str, ...], data: dict, index: int) -> dict:

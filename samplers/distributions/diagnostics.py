@@ -86,7 +86,8 @@ def bound_distance(
     Raises:
         TypeError: the squashing is not one of the above, or ``action`` is not
             floating.
-        ValueError: ``action`` has no last axis.
+        ValueError: ``action`` has no last axis, or the bounds do not broadcast to
+            its shape.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -111,7 +112,21 @@ def bound_distance(
             "action must have shape [*batch, action], got a scalar; add the action axis "
             "with action[None]."
         )
+    shape = jnp.broadcast_shapes(jnp.shape(bounds.low), jnp.shape(bounds.high))
+    if not _broadcasts_to(shape, action.shape):
+        raise ValueError(
+            f"action of shape {action.shape} does not fit the bounds of "
+            f"{bijector_name(bijector)}, of shape {shape}: the bounds must broadcast to "
+            f"the action, [*batch, action]; pass actions whose last axes are {shape}."
+        )
     return jnp.min(bounds.distances(action, normalized=normalized), axis=-1)
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    try:
+        return jnp.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
 
 
 def ppo_log_ratio_stats(

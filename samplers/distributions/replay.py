@@ -112,10 +112,9 @@ def sample_replay_data(dist: distrax.Distribution, seed) -> ReplayData:
     """``dist.sample_replay_data(seed=seed)``, for any ``distrax`` distribution.
 
     Example:
-        >>> import distrax, jax, jax.numpy as jnp
-        >>> from samplers.distributions import replay
+        >>> import distrax, jax, jax.numpy as jnp, samplers
         >>> dist = distrax.Categorical(logits=jnp.zeros((2, 3)))
-        >>> replay.sample_replay_data(dist, jax.random.key(0)).shape
+        >>> samplers.distributions.replay.sample_replay_data(dist, jax.random.key(0)).shape
         (2,)
     """
     if isinstance(dist, Replayable):

@@ -125,11 +125,16 @@ class AutoregressiveSampler(ActionSampler):
     Output: ``{"action": {name: ...}, "log_likelihood": the sum [*batch],
     "log_likelihoods": {name: log p(a_k | a_<k)}}``; ``rollout_extras`` the
     sub-actions' replay data by name. ``mask`` is a dict by sub-action name; each
-    entry an array for that sub-action's head, or a function of the earlier
-    sub-actions' replay data (a dict by name; a discrete one's is its action) that
-    returns it, e.g. ``lambda prefix: legal_targets_of[prefix["unit"]]`` written
-    for batch-shaped arrays (the enumeration maps it over its prefixes), or a
-    :class:`MaskTable`, the same as arrays that a rollout can store.
+    entry an array for that sub-action's head, of its shape at the batch shape of
+    the features (refused otherwise, a ``[1, n]`` mask included), or a function of
+    the earlier sub-actions' replay data (a dict by name; a discrete one's is its
+    action) that returns it, e.g. ``lambda prefix: legal_targets_of[prefix["unit"]]``,
+    or a :class:`MaskTable`, the same as arrays that a rollout can store. A function
+    sees batch-shaped prefixes ``[*batch]`` only: the exact entropy maps it with
+    ``jax.vmap`` over the prefixes it enumerates. For a per-state table ``legal``
+    ``[B, units, targets]``, ``legal[jnp.arange(B), prefix["unit"]]`` is the gather
+    that also works in a step of :class:`samplers.Autoregressive`, which sees the
+    prefixes stacked, ``[P, B]``.
     ``deterministic`` (``eval()``) takes each sub-action's deterministic action given
     the earlier ones (a discrete one's most probable choice, a squashed Normal's
     ``f(mean)``): greedy decoding, not the joint mode.
@@ -143,8 +148,12 @@ class AutoregressiveSampler(ActionSampler):
     ``"<name>/log_likelihood"`` and ``"<name>/entropy"`` (the conditional entropy
     along the prefix) per sub-action.
 
-    The step heads give only their distribution: their streams, entropy weights,
-    ``deterministic`` flags and ``reparameterized`` options are this head's. Keys
+    The step heads give only their distribution: the stream, the entropy weight,
+    ``deterministic``, ``reparameterized``, ``per_env_streams`` and
+    ``rng_collection`` are this head's, and a step head (or a part of one) that sets
+    one of them to another value than its default or this head's is refused: an
+    entropy weight per sub-action would otherwise vanish without a word. The step
+    heads' own streams are never drawn from (pass them this head's ``rngs``). Keys
     are drawn as by every head and given to each sub-action by its name, as
     :class:`CompositeSampler` gives its parts theirs.
 
@@ -157,7 +166,11 @@ class AutoregressiveSampler(ActionSampler):
             embeddings so far]`` to ``[*, steps[name].num_params]``; the others are a
             ``Linear -> tanh -> Linear`` of width ``hidden``, its last layer
             scaled by 0.01 at initialisation (every sub-action starts near its head's
-            zero input).
+            zero input). A conditioner sees ``[*batch, in]`` in the rollout and the
+            replay, and the prefixes stacked in front, ``[P, *batch, in]``, in the
+            exact entropy: it must act on the last axis alone, as ``nnx.Linear``
+            does; one written for 2-D inputs flattens and restores the leading
+            axes, ``f(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)``.
         hidden: The default conditioners' hidden width.
         entropy: ``"exact"`` or ``"along_sample"``.
         max_prefixes: The most prefixes the exact entropy enumerates.
@@ -168,11 +181,12 @@ class AutoregressiveSampler(ActionSampler):
 
     Raises:
         TypeError: ``steps`` is not a non-empty dict of heads, or an option is of the
-            wrong kind.
+            wrong kind; at the call, an array mask of a wrong dtype.
         ValueError: ``entropy="exact"`` with a sub-action before the last that is not
-            discrete or too many prefixes, or an unknown ``entropy``; at the call, a
-            :class:`MaskTable` indexed by a sub-action that is not an earlier
-            categorical one, or whose table's axes do not match.
+            discrete or too many prefixes, an unknown ``entropy``, or a step head
+            with an option of its own (above); at the call, an array mask of a wrong
+            shape, or a :class:`MaskTable` indexed by a sub-action that is not an
+            earlier categorical one, or whose table's axes do not match.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -245,6 +259,7 @@ class AutoregressiveSampler(ActionSampler):
             }
         )
         self._init_stream(rngs, rng_collection, per_env_streams)
+        self._check_steps(_STEP_OPTIONS)
         if entropy == "exact":
             self._check_enumerable()
 
@@ -255,6 +270,34 @@ class AutoregressiveSampler(ActionSampler):
     def num_params(self) -> int:
         """``features``: the width of the network output."""
         return self.features
+
+    def _check_steps(self, options) -> None:
+        """Refuses a step head, or a part of one, whose ``options`` this head would
+        ignore: each must be its default or this head's (``deterministic``: this
+        head's, which ``eval()`` and ``train()`` set on the steps too)."""
+        for name, step in self.steps.items():
+            for path, module in nnx.iter_graph(step):
+                if not isinstance(module, ActionSampler):
+                    continue
+                for option in options:
+                    value, own, default = (
+                        getattr(x, option) for x in (module, self, ActionSampler)
+                    )
+                    if value != own and (option == "deterministic" or value != default):
+                        fix = _STEP_OPTIONS[option] or (
+                            f"build the step head with {option}={default!r} and pass "
+                            f"{option} to the AutoregressiveSampler"
+                        )
+                        raise ValueError(
+                            f"the step head {'/'.join((name, *map(str, path)))!r} "
+                            f"({type(module).__name__}) has {option}={value!r}, which "
+                            f"AutoregressiveSampler ignores (it uses its own, {own!r}, for "
+                            f"every sub-action); {fix}."
+                        )
+
+    def _modes(self, deterministic: bool | None) -> Any:
+        self._check_steps(("deterministic",))
+        return super()._modes(deterministic)
 
     def _check_enumerable(self) -> None:
         """Refuses ``entropy="exact"`` where it cannot be computed."""
@@ -320,7 +363,23 @@ class AutoregressiveSampler(ActionSampler):
         for k, name in enumerate(self._names):
             if isinstance(mask.get(name), MaskTable):
                 self._check_table(k, mask[name], batch)
+            elif mask.get(name) is not None and not callable(mask[name]):
+                self._check_array_mask(k, mask[name], batch)
         return [mask.get(name) for name in self._names]
+
+    def _check_array_mask(self, k: int, mask, batch: tuple[int, ...]) -> None:
+        """Refuses an array mask that sub-action ``k``'s head refuses at ``batch``
+        (it would otherwise be broadcast over the prefixes, or fail inside JAX)."""
+        name = self._names[k]
+        head = self.steps[name]
+        inputs = jax.ShapeDtypeStruct((*batch, self._sizes[k]), jnp.float32)
+        try:
+            jax.eval_shape(lambda x: head.distribution(x, mask), inputs)
+        except (TypeError, ValueError) as error:
+            raise type(error)(
+                f"mask[{name!r}], the mask of sub-action {name!r} ({type(head).__name__}) "
+                f"at the features' batch shape {batch}, is refused: {error}"
+            ) from None
 
     def _check_table(self, k: int, table: MaskTable, batch: tuple[int, ...]) -> None:
         """Refuses a table indexed by what is not an earlier categorical sub-action,
@@ -365,6 +424,25 @@ class AutoregressiveSampler(ActionSampler):
             metrics[f"{name}/log_likelihood"] = output["log_likelihoods"][name]
             metrics[f"{name}/entropy"] = own[name]
         return metrics
+
+
+# The options a step head leaves to this head, and the fix where it is not the
+# default one (build the step head with the default, pass the option to this head).
+_STEP_OPTIONS = {
+    "entropy_weight": (
+        "build the step head with entropy_weight=0.0: this head weighs the joint entropy, "
+        "one weight for every sub-action; for a weight per sub-action, build this head "
+        "with entropy_weight=0.0 and add -weight * out.metrics['<name>/entropy'] (the "
+        "conditional entropy along the prefix) to the loss"
+    ),
+    "deterministic": (
+        "flip the flag on this head, not on a step head: head.eval() and head.train() "
+        "set it on the steps too (or pass deterministic= at the call)"
+    ),
+    "reparameterized": "",
+    "per_env_streams": "",
+    "rng_collection": "",
+}
 
 
 def _is_str(name) -> bool:

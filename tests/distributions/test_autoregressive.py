@@ -172,6 +172,60 @@ def test_log_probs_match_enumeration_and_masked_choices_get_exactly_zero_gradien
     assert all(np.all(np.isfinite(g)) for g in (units, kinds, targets))
 
 
+def test_a_forbidden_prefix_whose_next_row_is_empty_scores_minus_inf_not_nan():
+    """Row 0: unit 2 is forbidden and every target under it too, so the target's
+    conditional has no distribution there; the joint is -inf, as in the oracle."""
+    triples = np.array(list(itertools.product(range(3), range(2), range(4))))
+    actions = {
+        name: jnp.broadcast_to(jnp.asarray(triples[:, i, None]), (len(triples), B))
+        for i, name in enumerate(("unit", "kind", "target"))
+    }
+    empty = (triples[:, 0] == 2)[:, None] & (np.arange(B) == 0)[None]  # [24, B]
+
+    def finite_sum(log_probs):
+        return jnp.sum(jnp.where(jnp.isfinite(log_probs), log_probs, 0.0))
+
+    @jax.jit
+    def ours(params):
+        def replayed(params):
+            return jax.vmap(_distribution(params).replay)(actions)[1]
+
+        dist = _distribution(params)
+        return (
+            jax.vmap(dist.log_prob)(actions),
+            replayed(params),
+            jax.vmap(dist.conditional_entropies)(actions),
+            jax.grad(lambda p: finite_sum(replayed(p)))(params),
+            # The -inf scores themselves.
+            jax.grad(lambda p: jnp.sum(jnp.where(empty, replayed(p), 0.0)))(params),
+        )
+
+    @jax.jit
+    def oracle(params):
+        def joint(params):
+            return _joint_log_probs(params).reshape(B, -1).T  # [24, B]
+
+        return joint(params), jax.grad(lambda p: finite_sum(joint(p)))(params)
+
+    with jax.enable_x64(True):
+        params = _params(13, jnp.float64)
+        results = jax.tree.map(np.asarray, ours(params))
+        expected, expected_grads = jax.tree.map(np.asarray, oracle(params))
+    log_probs, replayed, entropies, grads, impossible = results
+    assert np.all(expected[empty] == -np.inf)
+    finite = np.isfinite(expected)
+    for scores in (log_probs, replayed):
+        assert not np.any(np.isnan(scores))
+        np.testing.assert_array_equal(np.isneginf(scores), ~finite)
+        np.testing.assert_allclose(scores[finite], expected[finite], rtol=1e-12)
+    for got, wanted in zip(grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got, wanted, rtol=1e-10, atol=1e-12)
+    assert all(np.all(np.isfinite(g)) for g in impossible)
+    assert np.all(impossible[2][0, 2] == 0)  # the empty row's logits
+    assert np.all(entropies["target"][empty] == 0)
+    assert all(np.all(np.isfinite(h)) for h in entropies.values())
+
+
 def test_a_sample_replays_bit_for_bit_teacher_forced_in_another_program():
     params = _params(4)
     action, data, log_prob = jax.jit(lambda p, k: _distribution(p).sample_with_replay(seed=k))(

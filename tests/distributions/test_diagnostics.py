@@ -1,3 +1,5 @@
+import re
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -104,11 +106,20 @@ def test_bound_distance_is_nan_for_a_batch_element_with_a_nan_action():
         np.testing.assert_allclose(ours, expected, atol=1e-6)  # NaN where NaN, and only there
 
 
-def test_bound_distance_refuses_unbounded_squashings_and_scalars():
+def test_bound_distance_refuses_unbounded_squashings_scalars_and_other_action_shapes():
     with pytest.raises(TypeError, match=r"needs a bounded squashing .* got Lambda"):
         bound_distance(distrax.Lambda(lambda x: x), jnp.zeros(2))
     with pytest.raises(ValueError, match=r"got a scalar; add the action axis"):
         bound_distance(samplers.Tanh(), jnp.float32(0.5))
+    bijector = samplers.BoundedTanh(-jnp.ones(3), jnp.ones(3))
+    for shape in ((4, 2), (4, 1), (2,)):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"action of shape {shape} does not fit the bounds of BoundedTanh, ")
+            + r"of shape \(3,\): .* whose last axes are \(3,\)",
+        ):
+            bound_distance(bijector, jnp.zeros(shape))
+    np.testing.assert_array_equal(bound_distance(bijector, jnp.zeros((4, 3))), np.ones(4))
 
 
 # ppo_log_ratio_stats

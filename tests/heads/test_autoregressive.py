@@ -1,6 +1,8 @@
 """``samplers.AutoregressiveSampler``: the shell around ``samplers.Autoregressive``, its
 conditioners, masks that depend on the earlier sub-actions, and its entropy cost."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,3 +251,105 @@ def test_per_env_streams_draw_each_environment_alike_however_the_batch_is_split(
         np.testing.assert_array_equal(whole.output["action"][name][2:], tail.output["action"][name])
     again = head(whole.next_state, x, whole.rollout_extras)
     np.testing.assert_array_equal(again.output["log_likelihood"], whole.output["log_likelihood"])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param((B + 1, 4), id="other-batch"),
+        slow((4,), id="no-batch"),
+        slow((1, 4), id="[1,4]"),
+    ],
+)
+def test_a_wrong_shaped_array_mask_is_refused_naming_the_sub_action(shape):
+    head = _head_with()
+    expected = re.escape(
+        f"mask['target'], the mask of sub-action 'target' (CategoricalSampler) at the "
+        f"features' batch shape ({B},), is refused: mask must have shape ({B}, 4)"
+    )
+    with pytest.raises(ValueError, match=f"{expected}.*got {re.escape(str(shape))}; jnp.broadc"):
+        nnx.jit(lambda head, x: head((), x, mask={"target": jnp.ones(shape, bool)}))(
+            head, _features()
+        )
+    with pytest.raises(TypeError, match=r"mask\['target'\], .* mask must be boolean"):
+        head((), _features(), mask={"target": jnp.ones((B, 4), jnp.int32)})
+
+
+def test_options_of_the_step_heads_that_the_head_would_ignore_are_refused():
+    rngs = nnx.Rngs(0)
+
+    def build(unit, **options):
+        steps = {"unit": unit, "target": samplers.CategoricalSampler(rngs, 0.0, num_actions=4)}
+        return samplers.AutoregressiveSampler(
+            steps,
+            features=F,
+            entropy="along_sample",
+            rngs=rngs,
+            **{"entropy_weight": 0.1, **options},
+        )
+
+    with pytest.raises(
+        ValueError,
+        match=r"step head 'unit' \(CategoricalSampler\) has entropy_weight=0.05, which "
+        r"AutoregressiveSampler ignores \(it uses its own, 0.1, .*out.metrics\['<name>/entropy'\]",
+    ):
+        build(samplers.CategoricalSampler(rngs, 0.05, num_actions=3))
+    part = samplers.CategoricalSampler(rngs, 0.05, num_actions=3)
+    with pytest.raises(ValueError, match=r"step head 'unit/parts/u' .* entropy_weight=0.05"):
+        build(samplers.CompositeSampler({"u": part}, rngs=rngs))
+    for option, unit in (
+        ("per_env_streams", samplers.CategoricalSampler(rngs, 0.0, 3, per_env_streams=True)),
+        (
+            "reparameterized",
+            samplers.SquashedNormalSampler(rngs, 0.0, action_dim=2, reparameterized=True),
+        ),
+    ):
+        with pytest.raises(ValueError, match=f"has {option}=True, .* with {option}=False and pass"):
+            build(unit)
+        build(unit, **{option: True})  # the head's own value
+    unit = samplers.CategoricalSampler(rngs, 0.0, num_actions=3)
+    unit.eval()
+    with pytest.raises(
+        ValueError, match=r"deterministic=True, .* head.eval\(\) and head.train\(\)"
+    ):
+        build(unit)
+    unit.train()
+    head = build(unit)
+    # The same weight as the head's is no weight lost.
+    build(samplers.CategoricalSampler(rngs, 0.1, num_actions=3))
+    head.eval()  # sets it on the steps too
+    assert head.steps["unit"].deterministic and head.steps["target"].deterministic
+    head.steps["unit"].train()
+    with pytest.raises(ValueError, match=r"'unit' .* deterministic=False, .* its own, True"):
+        head((), _features())
+
+
+@pytest.mark.parametrize("entropy", [slow("exact"), "along_sample"])
+def test_a_replayed_unit_forbidden_now_whose_targets_are_all_forbidden_scores_minus_inf(entropy):
+    head = _head_with(entropy=entropy)
+    x = _features()
+    only_unit_2 = jnp.array([[False, False, True]] * 3 + [[True] * 3] * 3)
+    rollout = head((), x, mask={"unit": only_unit_2})
+    units = rollout.output["action"]["unit"]
+    assert np.all(units[:3] == 2)
+    # Now unit 2 is forbidden and has no legal target.
+    legal = LEGAL.at[2].set(False)
+    mask = {
+        "unit": jnp.broadcast_to(jnp.array([True, True, False]), (B, 3)),
+        "target": lambda p: legal[p["unit"]],
+    }
+
+    def loss(head, x):
+        out = head((), x, rollout.rollout_extras, mask=mask)
+        finite = jnp.where(
+            jnp.isfinite(out.output["log_likelihood"]), out.output["log_likelihood"], 0.0
+        )
+        return jnp.mean(finite) + jnp.mean(out.regularization_loss), out
+
+    grads, out = nnx.jit(nnx.grad(loss, has_aux=True))(head, x)
+    log_likelihood = out.output["log_likelihood"]
+    np.testing.assert_array_equal(np.isneginf(log_likelihood), units == 2)
+    assert np.all(np.isfinite(log_likelihood[units != 2]))
+    assert np.all(np.isfinite(out.regularization_loss))
+    assert np.all(out.metrics["target/entropy"][units == 2] == 0)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(nnx.state(grads, nnx.Param)))
