@@ -4,9 +4,10 @@ The command line alone. Each suite is a module of this package with a ``run()``:
 the squashed-Normal head by default (``squashed_normal.py``), the others by their
 flag (``--discrete``: ``discrete.py``, ``--composite``: ``composite.py``,
 ``--beta``: ``beta.py``, ``--autoregressive``: ``autoregressive.py``, ``--flow``:
-``flow.py``), one table
+``flow.py``, ``--end-to-end``: ``end_to_end.py``), one table
 (``_SUITES``) mapping each flag to its module. The size flags choose a grid of
-``squashed_normal.py``; the other suites take its batch sizes.
+``squashed_normal.py``; the other suites take its batch sizes, but ``--end-to-end``,
+which takes ``--num-envs`` and ``--budget``.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from benchmarks import (
     beta,
     composite,
     discrete,
+    end_to_end,
     flow,
     squashed_normal,
     timing,
@@ -33,6 +35,7 @@ _SUITES = {
     "beta": (beta, "the Beta head"),
     "autoregressive": (autoregressive, "the autoregressive head"),
     "flow": (flow, "the flow head"),
+    "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
 
 
@@ -67,21 +70,44 @@ def _parser():
         help="platform to run on: cpu, gpu, tpu or a platform name (default: JAX's default)",
     )
     parser.add_argument(
+        "--rounds", type=int, help="interleaved rounds per cell (default: the suite's)"
+    )
+    parser.add_argument(
+        "--timing",
+        choices=("loop", "call"),
+        help="time each step inside one compiled loop, beside the floor of a step that only "
+        "reads its inputs and writes its outputs (the default on an accelerator), or one "
+        "call at a time, its dispatch included (the default on the CPU)",
+    )
+    parser.add_argument(
         "--bandwidth-tbs",
         type=float,
-        help="device memory bandwidth in TB/s: adds the memory-bandwidth floor to the report "
-        f"({bandwidth.H200_TBS} for an H200)",
+        help="device memory bandwidth in TB/s: the floor's bytes over it in the loop's "
+        "tables (known for a TPU v5e), and for the default suite the modelled "
+        f"memory-bandwidth floor ({bandwidth.H200_TBS} for an H200)",
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        help=f"--end-to-end: environments side by side (default {end_to_end.NUM_ENVS})",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="--end-to-end: factor on each run's environment steps (default 1: 3M for "
+        "CartPole, 6M for Pendulum)",
+    )
     for suite, (_, heads) in _SUITES.items():
         if suite is None:
             continue
+        stem = suite.replace("-", "_")
         parser.add_argument(
             f"--{suite}",
             action="store_true",
-            help=f"time {heads} instead (benchmarks/{suite}.py), writing {suite}.md and "
-            f"{suite}.json unless --name is given",
+            help=f"time {heads} instead (benchmarks/{stem}.py), writing {stem}.md and "
+            f"{stem}.json unless --name is given",
         )
     return parser
 
@@ -92,22 +118,40 @@ def main(argv=None):
     grid = FULL if args.full else LARGE if args.large else QUICK
     if args.batches is not None:
         grid = {**grid, "batches": args.batches}
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error(f"--rounds must be at least 1, got {args.rounds}")
+        grid = {**grid, "rounds": args.rounds}
     try:
         device = timing.select_device(args.device)
     except ValueError as error:
         parser.error(str(error))
     command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
-    chosen = [suite for suite in _SUITES if suite is not None and getattr(args, suite)]
+    chosen = [s for s in _SUITES if s is not None and getattr(args, s.replace("-", "_"))]
     if len(chosen) > 1:
         parser.error(f"--{' and --'.join(chosen)} are separate runs; pass one of them")
     suite = chosen[0] if chosen else None
     module, heads = _SUITES[suite]
-    if suite is None:  # the whole grid, and the bandwidth floor if asked for
+    in_loop = args.timing == "loop" or (args.timing is None and device.platform != "cpu")
+    if args.bandwidth_tbs is not None and not (in_loop or suite is None):
+        parser.error(
+            f"--bandwidth-tbs: {heads} have a floor in the loop only; add --timing loop or drop it"
+        )
+    timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs)
+    if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):
+        parser.error("--num-envs and --budget are options of --end-to-end; drop them")
+    if suite is None:  # the whole grid, and the modelled bandwidth floor if asked for
         sizes, options = grid, {"name": args.name, "bandwidth_tbs": args.bandwidth_tbs}
+    elif suite == "end-to-end":
+        sizes = end_to_end.NUM_ENVS if args.num_envs is None else args.num_envs
+        options = {
+            "name": "end_to_end" if args.name == "results" else args.name,
+            "budget": 1.0 if args.budget is None else args.budget,
+        }
     else:
-        if args.bandwidth_tbs is not None:
-            parser.error(f"--bandwidth-tbs: there is no bandwidth floor for {heads}; drop it")
         sizes, options = grid["batches"], {"name": suite if args.name == "results" else args.name}
+        if args.rounds is not None:
+            options["rounds"] = args.rounds
     print(module.run(sizes, args.out, device=device, command=command, **options))
 
 

@@ -172,7 +172,8 @@ def _small_batch_latency(rounds):
             (mean_and_std,),
         ),
     }
-    return timing.interleaved(fns, rounds, _ROUND_SECONDS)
+    with timing.per_call():  # the latency of one call is what this table is for
+        return timing.interleaved(fns, rounds, _ROUND_SECONDS)
 
 
 def _entropy_estimators(batch, rounds):
@@ -283,7 +284,9 @@ def _plot(results, actions, path, bandwidth_tbs=None):
             axis.set_ylim(bottom=fastest / 3)
         axis.set(
             xlabel="batch size B",
-            ylabel="ms per call (median)",
+            ylabel="ms per step in the loop (median)"
+            if timing.in_loop()
+            else "ms per call (median)",
             title=f"{workload} step, A = {actions}",
         )
         axis.grid(True, which="both", alpha=0.3)
@@ -348,6 +351,8 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         "",
         "Each cell: median over interleaved rounds of time / hand-written time in the "
         "same round (min-max); below 1 is faster than the hand-written formula.",
+        "",
+        timing.loop_note(),
     ]
     titles = {
         "rollout": "Rollout step",
@@ -355,12 +360,10 @@ def _run(grid, out_dir, device, name, bandwidth_tbs, command):
         "actor": "Actor step (SAC-style: reparameterised sample, value and gradient)",
     }
     for workload in _WORKLOADS:
-        first = next(iter(results.values()))[workload]
-        names = list(first)
-        header = ["B", "A", "hand-written (ms)", *names[1:]]
+        names = list(next(iter(results.values()))[workload])
+        header = ["B", "A", *timing.row_header(names)]
         rows = [
-            [batch, actions, f"{timing.summary(cell[workload][names[0]])[0] * 1e3:.3f}"]
-            + [timing.ratio_cell(cell[workload][name]) for name in names[1:]]
+            [batch, actions, *timing.row_cells(cell[workload], names)]
             for (batch, actions), cell in results.items()
         ]
         sections += ["", f"## {titles[workload]}", "", timing.table(rows, header)]

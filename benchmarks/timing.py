@@ -1,13 +1,32 @@
 """What every suite shares: the device, interleaved timing, its summary, and the report's pieces.
 
-An implementation's sample in a round is ``(seconds per call, ratio to the first
+An implementation's sample in a round is ``(seconds, ratio to the first
 implementation's seconds in the same round)``; the rounds run the implementations
 in a fresh random order each, so that drift in the machine's load reaches them
 alike.
+
+Two ways to time a step (:func:`set_timing`):
+
+- **per call** (the default on the CPU): seconds per jitted call, each waited for.
+  On an accelerator a call also pays its dispatch (about 0.56 ms on a TPU v5e,
+  whatever it computes), which hides the kernel at small and medium batches.
+- **in the loop** (the default on an accelerator): seconds per step of ``n`` steps
+  run inside one compiled ``lax.fori_loop``, as a training loop runs them. Each
+  step's inputs take in a scalar of the previous step's outputs (``x + 1e-30 s``,
+  a data dependency that leaves the values as they are), so nothing is hoisted out
+  of the loop or cached, and the previous outputs are the loop's carry, so each is
+  computed in full. The time of the same program with no steps (one call's
+  dispatch and first step) is taken off. Beside the implementations, the same
+  rounds time the **floor**: a step that only reads the reference's inputs and
+  writes outputs of its outputs' sizes, in the same loop, next to the bytes it
+  moves over the device's memory bandwidth. The looped programs' compiled memory
+  (XLA's temporaries plus outputs) is reported too.
 """
 
+import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -16,9 +35,11 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.extend.backend
+import jax.numpy as jnp
 
 FIELDS = ("seconds", "ratio", "low", "high")  # the names of a summary's values
 
@@ -52,27 +73,200 @@ def call_seconds(fn, args, calls):
     return (time.perf_counter() - start) / calls
 
 
+FLOOR = "floor (reads the inputs, writes the outputs)"
+# The memory bandwidth of the device kinds measured here, terabytes per second.
+BANDWIDTH_TBS = {"TPU v5 lite": 0.819}
+_MAX_STEPS = 1 << 20
+
+
+class _Timing(NamedTuple):
+    in_loop: bool = False
+    bandwidth_tbs: float | None = None  # None: the device's from BANDWIDTH_TBS, if known
+
+
+_timing = _Timing()
+
+
+def set_timing(*, in_loop, bandwidth_tbs=None):
+    """Chooses how :func:`interleaved` times a step: per call, or in the loop.
+
+    Args:
+        in_loop: Time steps inside one compiled loop (see the module docstring).
+        bandwidth_tbs: The device's memory bandwidth in TB/s, for the bytes the
+            floor moves; by default :data:`BANDWIDTH_TBS`'s figure for the device.
+    """
+    global _timing
+    _timing = _Timing(in_loop, bandwidth_tbs)
+
+
+def in_loop():
+    """Whether :func:`interleaved` times steps in the loop."""
+    return _timing.in_loop
+
+
+@contextlib.contextmanager
+def per_call():
+    """Within the block, :func:`interleaved` times per call (a latency table)."""
+    global _timing
+    saved, _timing = _timing, _timing._replace(in_loop=False)
+    try:
+        yield
+    finally:
+        _timing = saved
+
+
+class Samples(dict):
+    """``{implementation: [(seconds, ratio), ...]}`` of :func:`interleaved`'s rounds.
+
+    In the loop it also holds ``memory`` (``{implementation: compiled bytes}``) and
+    ``moved_bytes`` (the bytes of the reference step's inputs and outputs).
+    """
+
+    memory: dict
+    moved_bytes: int | None = None
+    bandwidth_seconds: float | None = None  # moved_bytes over the bandwidth, if known
+
+    def __init__(self, samples, memory=None, moved_bytes=None, bandwidth_seconds=None):
+        super().__init__(samples)
+        self.memory, self.moved_bytes = memory or {}, moved_bytes
+        self.bandwidth_seconds = bandwidth_seconds
+
+
 def interleaved(fns, rounds, round_seconds=0.05):
-    """Per implementation, ``(seconds per call, ratio to the first)`` for each round.
+    """Per implementation, ``(seconds, ratio to the first)`` for each round.
+
+    Per call or per step in the loop, as :func:`set_timing` chose; in the loop the
+    :data:`FLOOR` is timed beside the implementations.
 
     Args:
         fns: ``{name: (fn, args)}``; the first is the reference.
         rounds: How many rounds.
         round_seconds: About how long each implementation runs per round: the
-            number of calls per round is set from the reference's time.
+            number of calls (or of steps in the loop) is set from the reference's time.
     """
+    if _timing.in_loop:
+        return _interleaved_in_loop(fns, rounds, round_seconds)
     for fn, args in fns.values():
         jax.block_until_ready(fn(*args))  # compile and warm up
     reference = next(iter(fns))
     calls = max(1, int(round_seconds / max(call_seconds(*fns[reference], 3), 1e-7)))
-    samples = {name: [] for name in fns}
+    return Samples(
+        _rounds(
+            {n: lambda f=f, a=a: call_seconds(f, a, calls) for n, (f, a) in fns.items()}, rounds
+        )
+    )
+
+
+def _rounds(timers, rounds):
+    """``{name: [(seconds, ratio to the first), ...]}``, each round in a fresh order."""
+    reference = next(iter(timers))
+    samples = {name: [] for name in timers}
     for _ in range(rounds):
-        order = list(fns)
+        order = list(timers)
         random.shuffle(order)
-        seconds = {name: call_seconds(*fns[name], calls) for name in order}
-        for name in fns:
+        seconds = {name: timers[name]() for name in order}
+        for name in timers:
             samples[name].append((seconds[name], seconds[name] / seconds[reference]))
     return samples
+
+
+def _is_key(x):
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _arrays(tree):
+    """The non-key array leaves of ``tree``."""
+    return [x for x in jax.tree.leaves(tree) if not _is_key(x)]
+
+
+def _depending(args, out):
+    """``args`` taking in a scalar of ``out`` without changing their values."""
+    s = sum(jnp.ravel(x)[0].astype(jnp.float32) for x in _arrays(out) if x.size)
+    never = s > 3e38  # false for every output a step gives, which XLA cannot know
+
+    def depend(x):
+        x = jnp.asarray(x)
+        if _is_key(x):
+            data = jax.random.key_data(x)
+            return jax.random.wrap_key_data(
+                data | never.astype(data.dtype), impl=jax.random.key_impl(x)
+            )
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            return x + (1e-30 * s).astype(x.dtype)
+        if x.dtype == jnp.bool_:
+            return x | never
+        return x | never.astype(x.dtype)
+
+    return jax.tree.map(depend, args)
+
+
+def _looped(fn):
+    """``run(steps, *args)``: ``fn`` applied ``steps + 1`` times in one program, each
+    step's inputs depending on the previous step's outputs."""
+
+    def run(steps, *args):
+        return jax.lax.fori_loop(0, steps, lambda _, out: fn(*_depending(args, out)), fn(*args))
+
+    return jax.jit(run)
+
+
+def floor_step(fn, args):
+    """A step that reads every input array of ``fn(*args)`` once and writes arrays of
+    the sizes of its outputs, computing nothing else (PRNG keys left out)."""
+    outputs = [(x.shape, x.dtype) for x in _arrays(jax.eval_shape(fn, *args))]
+
+    def floor(*args):
+        total = sum(jnp.sum(x, dtype=jnp.float32) for x in _arrays(args))
+        return tuple(jnp.full(shape, total, dtype) for shape, dtype in outputs)
+
+    return jax.jit(floor), args
+
+
+def moved_bytes(fn, args):
+    """The bytes of the input and output arrays of ``fn(*args)`` (PRNG keys left out)."""
+    arrays = _arrays(args) + _arrays(jax.eval_shape(fn, *args))
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in arrays)
+
+
+def bandwidth_tbs(device):
+    """The memory bandwidth of ``device`` in TB/s: :func:`set_timing`'s, else
+    :data:`BANDWIDTH_TBS`'s, else None."""
+    return _timing.bandwidth_tbs or BANDWIDTH_TBS.get(device.device_kind)
+
+
+def _interleaved_in_loop(fns, rounds, round_seconds):
+    reference = next(iter(fns))
+    fns = {**fns, FLOOR: floor_step(*fns[reference])}
+    programs, memory = {}, {}
+    for name, (fn, args) in fns.items():
+        compiled = _looped(fn).lower(jnp.int32(0), *args).compile()
+        analysis = compiled.memory_analysis()
+        if analysis is not None:
+            memory[name] = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+        programs[name] = (compiled, args, [])
+
+    def seconds(name, steps):
+        compiled, args, _ = programs[name]
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(jnp.int32(steps), *args))
+        return time.perf_counter() - start
+
+    for name, (_, _, base) in programs.items():  # warm up, then the cost of no steps
+        seconds(name, 1)
+        base.append(statistics.median(seconds(name, 0) for _ in range(5)))
+    steps = 1
+    while steps < _MAX_STEPS and seconds(reference, steps) < round_seconds / 4:
+        steps *= 4
+    per_step = max(seconds(reference, steps) - programs[reference][2][0], 1e-9) / steps
+    steps = int(min(max(steps, round_seconds / per_step), _MAX_STEPS))
+
+    def timer(name):
+        return lambda: max(seconds(name, steps) - programs[name][2][0], 0.0) / steps
+
+    samples = _rounds({name: timer(name) for name in programs}, rounds)
+    moved = moved_bytes(*fns[reference])
+    tbs = bandwidth_tbs(jax.config.jax_default_device or jax.devices()[0])
+    return Samples(samples, memory, moved, None if tbs is None else moved / (tbs * 1e12))
 
 
 def jitted_gradient(loss):
@@ -133,31 +327,102 @@ def ratio_cell(samples):
 
 
 def records(cells, **fields):
-    """One JSON record per implementation of ``cells`` (``{name: samples}``)."""
+    """One JSON record per implementation of ``cells`` (``{name: samples}``); in the
+    loop with its compiled bytes and share of the floor, and the floor's bytes moved."""
+    found = []
+    for name, samples in cells.items():
+        record = {**fields, "implementation": name}
+        record.update(zip(FIELDS, summary(samples), strict=True))
+        if isinstance(cells, Samples) and FLOOR in cells:
+            record["floor_share"] = summary(cells[FLOOR])[0] / summary(samples)[0]
+            record["compiled_bytes"] = cells.memory.get(name)
+            if name == FLOOR:
+                record["moved_bytes"] = cells.moved_bytes
+                record["bandwidth_seconds"] = cells.bandwidth_seconds
+        found.append(record)
+    return found
+
+
+def time_header():
+    """The header of the reference's time column: per step in the loop, else per call."""
+    return "us per step (share of the floor)" if _timing.in_loop else "ms per call"
+
+
+def row_cells(samples, names):
+    """The cells of one row: the reference's time, then each other of ``names``'s ratio
+    to it; in the loop each with its share of the floor, then the floor's time and the
+    bytes it moves over the bandwidth, in microseconds."""
+    seconds = summary(samples[names[0]])[0]
+    if FLOOR not in samples:
+        return [f"{seconds * 1e3:.4f}", *(ratio_cell(samples[n]) for n in names[1:])]
+    floor = summary(samples[FLOOR])[0]
+
+    def share(name):
+        return f"{floor / summary(samples[name])[0]:.0%}"
+
+    bandwidth = samples.bandwidth_seconds
     return [
-        {**fields, "implementation": name, **dict(zip(FIELDS, summary(samples), strict=True))}
-        for name, samples in cells.items()
+        f"{seconds * 1e6:.1f} ({share(names[0])})",
+        *(f"{ratio_cell(samples[n])}; {share(n)}" for n in names[1:] if n != FLOOR),
+        f"{floor * 1e6:.1f}",
+        "-" if bandwidth is None else f"{bandwidth * 1e6:.1f}",
     ]
+
+
+def row_header(names):
+    """The header of :func:`row_cells`'s cells for ``names``."""
+    header = [f"{names[0]}, {time_header()}", *(n for n in names[1:] if n != FLOOR)]
+    if _timing.in_loop:
+        header += ["floor, us per step", "bytes / bandwidth, us"]
+    return header
+
+
+def loop_note():
+    """The report's sentence on how the steps were timed."""
+    if not _timing.in_loop:
+        return (
+            "Timed per call: each jitted call waited for, its dispatch included "
+            "(`benchmarks/timing.py`)."
+        )
+    return (
+        "Timed in the loop: each step inside one compiled `lax.fori_loop`, its inputs "
+        "depending on the previous step's outputs, the cost of the same program with no "
+        "steps taken off (`benchmarks/timing.py`). A ratio cell is followed by the share "
+        "of the floor: the floor's time over this implementation's. The floor reads the "
+        "reference step's inputs and writes outputs of its outputs' sizes in the same "
+        "loop; bytes / bandwidth is those bytes over the device's memory bandwidth."
+    )
 
 
 def workload_tables(results, titles, label="case"):
     """One Markdown section per workload of ``results``, ``{(label, batch): {workload:
-    {implementation: samples}}}``: the first implementation's milliseconds, then each
-    other's ratio to it."""
+    {implementation: samples}}}``: the first implementation's time, then each other's
+    ratio to it (:func:`row_cells`); in the loop, then the compiled memory at the
+    largest batch."""
     names = list(next(iter(results.values()))[next(iter(titles))])
-    sections = []
+    sections = ["", loop_note()]
     for workload, title in titles.items():
         rows = [
-            [
-                case,
-                batch,
-                f"{summary(cell[workload][names[0]])[0] * 1e3:.4f}",
-                *(ratio_cell(cell[workload][n]) for n in names[1:]),
-            ]
+            [case, batch, *row_cells(cell[workload], names)]
             for (case, batch), cell in results.items()
         ]
-        header = [label, "B", "hand-written (ms)", *names[1:]]
-        sections += ["", f"## {title}", "", table(rows, header)]
+        sections += ["", f"## {title}", "", table(rows, [label, "B", *row_header(names)])]
+    if _timing.in_loop:
+        largest = max(batch for _, batch in results)
+        rows = [
+            [case, workload, *(_mebibytes(cell[workload].memory.get(n)) for n in names)]
+            for (case, batch), cell in results.items()
+            if batch == largest
+            for workload in titles
+        ]
+        sections += [
+            "",
+            f"## Compiled memory of the looped steps (MiB, B = {largest})",
+            "",
+            "XLA's temporaries plus outputs of each looped program.",
+            "",
+            table(rows, [label, "workload", *names]),
+        ]
     return sections
 
 
@@ -169,6 +434,10 @@ def workload_records(results, workloads, label="case"):
         for workload in workloads
         for record in records(cell[workload], workload=workload, **{label: case}, batch=batch)
     ]
+
+
+def _mebibytes(size):
+    return "-" if size is None else f"{size / 2**20:.2f}"
 
 
 def table(rows, header):

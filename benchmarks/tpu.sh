@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The suites on a TPU, timed in the loop: one run, each suite with its own time limit.
+#
+#   bash benchmarks/tpu.sh     # from the project root, with the project importable
+#
+# Each suite runs `python -m benchmarks [--SUITE] --device tpu --timing loop` and writes
+# $RESULTS/tpu-SUITE.md and .json (the default suite: tpu-default.*); its log goes to
+# $OUT/tpu-SUITE.log. A suite that fails or runs out of time (exit 124) is listed in
+# $OUT/failed.txt, and the script exits 1 after running the others.
+#
+# Settings (environment variables):
+#   SUITES    the suites to run (default: default discrete composite beta autoregressive flow)
+#   BATCHES   batch sizes (default 1,4096,65536,262144,1048576)
+#   ROUNDS    interleaved rounds per cell (default 5)
+#   LIMIT_S   each suite's time limit in seconds (default 300)
+#   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SUITES=${SUITES:-default discrete composite beta autoregressive flow}
+BATCHES=${BATCHES:-1,4096,65536,262144,1048576}
+ROUNDS=${ROUNDS:-5}
+LIMIT_S=${LIMIT_S:-300}
+OUT=${OUT:-benchmarks/results/tpu}
+RESULTS=${RESULTS:-benchmarks/results}
+mkdir -p "$OUT" "$RESULTS"
+failed=0
+for suite in $SUITES; do
+    flags=()
+    [[ $suite == default ]] || flags=("--$suite")
+    echo "== $suite"
+    timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device tpu --timing loop \
+        --batches "$BATCHES" --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
+        >"$OUT/tpu-$suite.log" 2>&1
+    status=$?
+    if ((status != 0)); then
+        echo "$suite: exit $status" | tee -a "$OUT/failed.txt"
+        failed=1
+    fi
+    grep -v -i warn "$OUT/tpu-$suite.log" | tail -n 3
+done
+exit $failed

@@ -1,0 +1,100 @@
+"""The timing the suites share: in the loop, the floor, the bytes; nothing here times anything.
+
+The benchmarks are not the library: every test here is in the slow tier.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import __main__ as cli
+from benchmarks import timing
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _per_call_afterwards():
+    yield
+    timing.set_timing(in_loop=False)
+
+
+def _step(x, mask, action, key):
+    """A step of every kind of input: floats, booleans, integers and a key."""
+    noise = jax.random.normal(key, x.shape)
+    value = jnp.sum(jnp.where(mask, jnp.tanh(x) * noise, 0.0), axis=-1) + action
+    return value, jax.random.split(key)[0]
+
+
+def _inputs():
+    x = jax.random.normal(jax.random.key(0), (16, 4))
+    mask = jax.random.bernoulli(jax.random.key(1), 0.5, (16, 4))
+    return x, mask, jnp.arange(16, dtype=jnp.int32), jax.random.key(2)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_each_step_in_the_loop_computes_what_one_call_computes(steps):
+    args = _inputs()
+    value, key = timing._looped(jax.jit(_step))(steps, *args)
+    expected, expected_key = jax.jit(_step)(*args)
+    np.testing.assert_array_equal(value, expected)
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(expected_key))
+
+
+def test_the_floor_reads_every_input_and_writes_outputs_of_the_steps_sizes():
+    args = _inputs()
+    floor, floor_args = timing.floor_step(_step, args)
+    outputs = floor(*floor_args)
+    assert [o.shape for o in outputs] == [(16,)]  # the step's value; its key left out
+    # Every input counts towards what it writes: change one element of any input.
+    x, mask, action, key = args
+    for changed in [(x.at[0].add(1.0), mask, action), (x, ~mask, action), (x, mask, action + 1)]:
+        assert not np.array_equal(floor(*changed, key)[0], outputs[0])
+
+
+def test_moved_bytes_are_the_input_and_output_arrays_without_keys():
+    # x 16*4*4, mask 16*4*1, action 16*4 in; value 16*4 out.
+    assert timing.moved_bytes(_step, _inputs()) == 256 + 64 + 64 + 64
+
+
+def test_in_the_loop_every_implementation_and_the_floor_are_timed_with_their_memory():
+    timing.set_timing(in_loop=True, bandwidth_tbs=1.0)
+    args = _inputs()
+    fns = {"reference": (jax.jit(_step), args), "other": (jax.jit(_step), args)}
+    samples = timing.interleaved(fns, rounds=2, round_seconds=0.01)
+    assert list(samples) == ["reference", "other", timing.FLOOR]
+    assert all(len(s) == 2 and all(t > 0 for t, _ in s) for s in samples.values())
+    assert set(samples.memory) == set(samples)
+    assert samples.moved_bytes == 448
+    assert samples.bandwidth_seconds == pytest.approx(448 / 1e12)
+    records = timing.records(samples, batch=16)
+    assert {r["implementation"] for r in records if "floor_share" in r} == set(samples)
+
+
+def test_the_timing_flag_puts_a_suite_in_the_loop_and_reports_the_floor(monkeypatch, tmp_path):
+    chosen = {}
+
+    def fake_run(batches, out_dir, **options):
+        chosen["in_loop"] = timing.in_loop()
+        return ""
+
+    monkeypatch.setattr("benchmarks.discrete.run", fake_run)
+    cli.main(["--discrete", "--timing", "loop", "--device", "cpu", "--out", str(tmp_path)])
+    assert chosen["in_loop"]
+    cli.main(["--discrete", "--device", "cpu", "--out", str(tmp_path)])
+    assert not chosen["in_loop"]  # per call by default on the CPU
+
+
+def test_a_suite_in_the_loop_writes_the_floor_and_compiled_memory(tmp_path):
+    from benchmarks import beta
+
+    timing.set_timing(in_loop=True)
+    text = beta.run((8,), tmp_path, device=timing.select_device("cpu"), rounds=1)
+    assert "Timed in the loop" in text and "floor, us per step" in text
+    assert "## Compiled memory of the looped steps (MiB, B = 8)" in text
+    records = json.loads((tmp_path / "beta.json").read_text())["timings"]
+    floors = [r for r in records if r["implementation"] == timing.FLOOR]
+    assert floors and all(r["moved_bytes"] > 0 for r in floors)
