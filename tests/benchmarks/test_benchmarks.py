@@ -20,6 +20,7 @@ from benchmarks import (
     beta,
     composite,
     discrete,
+    end_to_end,
     flow,
     implementations,
     squashed_normal,
@@ -575,3 +576,49 @@ def test_flow_flag_runs_the_flow_suite(monkeypatch, tmp_path):
     cli.main(["--flow", "--batches", "8,16", "--out", str(tmp_path)])
     ((batches, out, options),) = calls
     assert batches == (8, 16) and out == tmp_path and options["name"] == "flow"
+
+
+def test_end_to_end_suite_runs_and_writes_its_report(monkeypatch, tmp_path):
+    # The hand-written heads score stored actions as the samplers heads do.
+    logits, stored = jax.random.normal(jax.random.key(0), (16, 2)), jnp.arange(16) % 2
+    ours = samplers.CategoricalSampler(nnx.Rngs(0), 0.01, num_actions=2)((), logits, stored)
+    theirs = end_to_end.HandWrittenCategorical(nnx.Rngs(0), 0.01, 2)((), logits, stored)
+    assert jnp.allclose(ours.output["log_likelihood"], theirs.output["log_likelihood"])
+    assert jnp.allclose(ours.regularization_loss, theirs.regularization_loss)
+    inputs, z = jax.random.normal(jax.random.key(1), (16, 2)), jnp.linspace(-12.0, 12.0, 16)
+    ours = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0, action_dim=1)((), inputs, z[:, None])
+    theirs = end_to_end.HandWrittenNormalTanh(nnx.Rngs(0), 0.0, 1)((), inputs, z[:, None])
+    assert jnp.allclose(ours.output["log_likelihood"], theirs.output["log_likelihood"], rtol=1e-5)
+    assert jnp.array_equal(ours.output["action"], theirs.output["action"])
+
+    # Two iterations of 8 environments per run, one seed.
+    device = timing.select_device("cpu")
+    text = end_to_end.run(8, tmp_path, device=device, name="toy", budget=1e-4, seeds=(0,))
+    assert (tmp_path / "toy.md").read_text() == text
+    assert "## Speed" in text and "## Returns" in text
+    saved = json.loads((tmp_path / "toy.json").read_text())
+    assert [task["environment"] for task in saved["tasks"]] == ["CartPole-v1", "Pendulum-v1"]
+    for task in saved["tasks"]:
+        assert task["iterations"] == 2 and task["num_envs"] == 8
+        for head in end_to_end.HEADS:
+            ((record,),) = [task["heads"][head]["seeds"]]
+            assert record["seed"] == 0 and record["steps_per_second"] > 0
+            assert record["replay_ratio_error"] == 0.0
+            assert jnp.isfinite(record["evaluation_return"])
+
+    calls = []
+    monkeypatch.setattr(
+        end_to_end, "run", lambda num_envs, out, **options: calls.append((num_envs, out, options))
+    )
+    cli.main(["--end-to-end", "--num-envs", "64", "--budget", "0.05", "--out", str(tmp_path)])
+    cli.main(["--end-to-end", "--name", "other"])
+    (num_envs, out, options), (default_envs, _, named) = calls
+    assert num_envs == 64 and out == tmp_path
+    assert options["budget"] == 0.05 and options["name"] == "end_to_end"
+    assert default_envs == end_to_end.NUM_ENVS and named == {
+        **named,
+        "budget": 1.0,
+        "name": "other",
+    }
+    with pytest.raises(SystemExit):
+        cli.main(["--beta", "--num-envs", "64"])
