@@ -37,7 +37,11 @@ def test_readme_gives_the_test_commands_that_ci_runs():
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line.startswith("python -m pytest")
     ]
-    assert commands == ["python -m pytest", "python -m pytest -m slow"]
+    assert commands == [
+        "python -m pytest",
+        "python -m pytest -m slow",
+        "python -m pytest -m accelerator -n 0",
+    ]
     text = README.read_text()
     for command in commands:
         assert re.search(rf"{re.escape(command)}(?![\w -])", text), command
