@@ -330,6 +330,41 @@ def _nnx_scan_over_time():
     return problems
 
 
+def _exact_entropy_in_steps(axis_type, shape, batch_axis):
+    """The exact entropy's value and gradient of a batch large enough to be evaluated
+    in steps, under jax.jit with the batch sharded: the unsharded run up to rounding,
+    still sharded, and computed where it lies (no all-gather, no all-to-all)."""
+    mesh = jax.make_mesh((DEVICES,), ("batch",), axis_types=(axis_type,))
+    spec = [None] * len(shape)
+    spec[batch_axis] = "batch"
+    keys = jax.random.split(jax.random.key(12))
+    loc = 3.0 * jax.random.normal(keys[0], shape)
+    scale = jnp.exp(2.0 * jax.random.normal(keys[1], shape))  # both quadrature rules
+
+    def entropy(loc, scale):
+        return samplers.SquashedNormal(loc, scale, samplers.Tanh()).entropy()
+
+    @jax.jit
+    def value_and_grad(loc, scale):
+        grads = jax.grad(lambda *a: jnp.sum(entropy(*a)), argnums=(0, 1))(loc, scale)
+        return {"entropy": entropy(loc, scale), "d loc": grads[0], "d scale": grads[1]}
+
+    expected = value_and_grad(loc, scale)
+    sharded = [jax.device_put(a, NamedSharding(mesh, P(*spec))) for a in (loc, scale)]
+    actual = value_and_grad(*sharded)
+    problems = [
+        f"{name} differs from the unsharded run"
+        for name in expected
+        if not np.allclose(actual[name], expected[name], rtol=4 * EPS32, atol=4 * EPS32)
+    ]
+    problems += _sharding_problems(actual, mesh, batch_axis)
+    program = value_and_grad.lower(*sharded).compile().as_text()
+    if " while(" not in program:
+        problems.append("the batch was not evaluated in steps")
+    problems += [f"the program has an {op}" for op in ("all-gather", "all-to-all") if op in program]
+    return problems
+
+
 def main():
     if jax.device_count() != DEVICES:
         raise RuntimeError(
@@ -357,6 +392,17 @@ def main():
     )
     _run(results, "shard_map module with per-env streams", _shard_map_module_with_per_env_streams)
     _run(results, "nnx.scan over time", _nnx_scan_over_time)
+    for axis_type in (AxisType.Explicit, AxisType.Auto):
+        for layout, shape, batch_axis in (
+            ("[B,A]", (2048, 8), 0),
+            ("[T,B,A]", (3, 1024, 8), 1),
+            ("[B,A] B=4100", (4100, 8), 0),
+        ):
+            _run(
+                results,
+                f"exact entropy in steps {axis_type.name} {layout}",
+                functools.partial(_exact_entropy_in_steps, axis_type, shape, batch_axis),
+            )
     print(json.dumps(results))
 
 

@@ -18,6 +18,11 @@ What they establish:
   global draw; folding in ``jax.lax.axis_index`` gives each shard its own. With
   ``per_env_streams`` the keys are split with the batch, and every shard draws
   what the unsharded call draws for its environments.
+- The exact entropy of a batch large enough to be evaluated in steps, under
+  ``jax.jit`` with the batch sharded along ``B`` of ``[B, A]`` (also ``B = 4100``,
+  which splits into 5 steps) or ``[T, B, A]``:
+  its value and gradient are the unsharded run's up to rounding, stay sharded, and
+  the program moves no rows between devices (no all-gather, no all-to-all).
 """
 
 import json
@@ -118,6 +123,19 @@ def test_shard_map_sampler_without_the_varying_axes_check_draws_the_same_noise_p
 @pytest.mark.slow
 def test_shard_map_sampler_with_per_env_streams_draws_the_unsharded_noise(sharded):
     _assert_passed(sharded, "shard_map module with per-env streams")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"exact entropy in steps {axis_type} {layout}"
+        for axis_type in ("Explicit", "Auto")
+        for layout in ("[B,A]", "[T,B,A]", "[B,A] B=4100")
+    ],
+)
+def test_exact_entropy_of_a_sharded_batch_is_computed_in_place_in_steps(sharded, name):
+    _assert_passed(sharded, name)
 
 
 # Populations and time, in this process.

@@ -8,6 +8,7 @@ custom-derivative kernels of the pre-image paths.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -361,8 +362,48 @@ def _expected_log_sech_squared_jvp(primals, tangents):
     # The derivatives come from the nodes of the value: against autodiff through
     # the node sums, the value and gradient compile in about 30% less time and run
     # about 20% faster at B = 65536, A = 8 (forward mode and Hessians keep working).
-    value, d_m, d_s = _expected_log_sech_squared_and_derivatives(*primals, derivatives=True)
+    value, d_m, d_s = _in_steps(
+        functools.partial(_expected_log_sech_squared_and_derivatives, derivatives=True), *primals
+    )
     return value, d_m * tangents[0] + d_s * tangents[1]
+
+
+# With the derivatives, XLA's CPU backend keeps an array per node (below), which
+# at B = 65536, A = 8 no longer fits in the cache: evaluated in steps of at least
+# _STEP_SIZE elements, the value and gradient ran 3 to 4 times faster there. The
+# steps keep the power-of-two factor of the last batch axis (up to _ALIGNMENT)
+# whole, so that a batch sharded over that many devices stays where it is. Other
+# backends take one step.
+_STEP_SIZE = 4096
+_ALIGNMENT = 32
+
+
+def _in_steps(function, m, s):
+    """``function(m, s)``, a tuple of arrays of ``m``'s shape, evaluated in steps.
+
+    Step ``j`` of ``n`` takes the rows ``j, j + n, j + 2n, ...`` of the last batch
+    axis: every contiguous block of rows gives each step its share, so a batch
+    sharded along any axis stays where it is. ``n`` divides that axis's length
+    over its power-of-two factor up to ``_ALIGNMENT`` (one step for a prime length).
+    """
+    steps = 1
+    if m.ndim >= 2:
+        rows = m.shape[-2]
+        free = rows // math.gcd(rows, _ALIGNMENT)
+        most = min(free, m.size // _STEP_SIZE)
+        steps = max(n for n in range(1, most + 1) if free % n == 0) if most > 1 else 1
+    if steps == 1:
+        return function(m, s)
+    *lead, rows, actions = m.shape
+
+    def split(x):
+        return jnp.moveaxis(x.reshape(*lead, rows // steps, steps, actions), -2, 0)
+
+    def stepped(m, s):
+        outputs = jax.lax.map(lambda pair: function(*pair), (split(m), split(s)))
+        return tuple(jnp.moveaxis(out, 0, -2).reshape(m.shape) for out in outputs)
+
+    return jax.lax.platform_dependent(m, s, cpu=stepped, default=function)
 
 
 def _expected_log_sech_squared_and_derivatives(m, s, derivatives):
