@@ -73,6 +73,12 @@ def _parser():
         "--rounds", type=int, help="interleaved rounds per cell (default: the suite's)"
     )
     parser.add_argument(
+        "--only",
+        type=lambda text: tuple(text.split(",")),
+        help="names of the implementations to time beside each table's reference, which "
+        "is always timed, e.g. 'samplers,samplers (pure layer)' (default: all)",
+    )
+    parser.add_argument(
         "--timing",
         choices=("loop", "call"),
         help="time each step inside one compiled loop, beside the floor of a step that only "
@@ -137,7 +143,7 @@ def main(argv=None):
         parser.error(
             f"--bandwidth-tbs: {heads} have a floor in the loop only; add --timing loop or drop it"
         )
-    timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs)
+    timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs, only=args.only)
     if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):
         parser.error("--num-envs and --budget are options of --end-to-end; drop them")
     if suite is None:  # the whole grid, and the modelled bandwidth floor if asked for

@@ -23,6 +23,7 @@ Two ways to time a step (:func:`set_timing`):
   (XLA's temporaries plus outputs) is reported too.
 """
 
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -82,21 +83,24 @@ _MAX_STEPS = 1 << 20
 class _Timing(NamedTuple):
     in_loop: bool = False
     bandwidth_tbs: float | None = None  # None: the device's from BANDWIDTH_TBS, if known
+    only: tuple[str, ...] | None = None  # the implementations timed beside the reference
 
 
 _timing = _Timing()
 
 
-def set_timing(*, in_loop, bandwidth_tbs=None):
+def set_timing(*, in_loop, bandwidth_tbs=None, only=None):
     """Chooses how :func:`interleaved` times a step: per call, or in the loop.
 
     Args:
         in_loop: Time steps inside one compiled loop (see the module docstring).
         bandwidth_tbs: The device's memory bandwidth in TB/s, for the bytes the
             floor moves; by default :data:`BANDWIDTH_TBS`'s figure for the device.
+        only: If given, the names of the implementations to time beside each
+            table's reference (the first), which is always timed; None times all.
     """
     global _timing
-    _timing = _Timing(in_loop, bandwidth_tbs)
+    _timing = _Timing(in_loop, bandwidth_tbs, None if only is None else tuple(only))
 
 
 def in_loop():
@@ -144,6 +148,9 @@ def interleaved(fns, rounds, round_seconds=0.05):
         round_seconds: About how long each implementation runs per round: the
             number of calls (or of steps in the loop) is set from the reference's time.
     """
+    if _timing.only is not None:
+        reference = next(iter(fns))
+        fns = {n: f for n, f in fns.items() if n == reference or n in _timing.only}
     if _timing.in_loop:
         return _interleaved_in_loop(fns, rounds, round_seconds)
     for fn, args in fns.values():
@@ -237,13 +244,18 @@ def bandwidth_tbs(device):
 def _interleaved_in_loop(fns, rounds, round_seconds):
     reference = next(iter(fns))
     fns = {**fns, FLOOR: floor_step(*fns[reference])}
+    lowered = {name: _looped(fn).lower(jnp.int32(0), *args) for name, (fn, args) in fns.items()}
+    # XLA compiles outside the GIL: the host's cores compile the programs side by side.
+    with concurrent.futures.ThreadPoolExecutor(min(len(lowered), os.cpu_count() or 1)) as pool:
+        compiled = dict(
+            zip(lowered, pool.map(lambda low: low.compile(), lowered.values()), strict=True)
+        )
     programs, memory = {}, {}
-    for name, (fn, args) in fns.items():
-        compiled = _looped(fn).lower(jnp.int32(0), *args).compile()
-        analysis = compiled.memory_analysis()
+    for name, (_, args) in fns.items():
+        analysis = compiled[name].memory_analysis()
         if analysis is not None:
             memory[name] = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
-        programs[name] = (compiled, args, [])
+        programs[name] = (compiled[name], args, [])
 
     def seconds(name, steps):
         compiled, args, _ = programs[name]

@@ -13,6 +13,8 @@
 #   BATCHES   batch sizes (default 1,4096,65536,262144,1048576)
 #   ROUNDS    interleaved rounds per cell (default 5)
 #   LIMIT_S   each suite's time limit in seconds (default 300)
+#   ONLY      the implementations to time beside the references (default: all), e.g.
+#             "samplers,samplers (pure layer)": fewer programs to compile
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,6 +32,7 @@ for suite in $SUITES; do
     echo "== $suite"
     timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device tpu --timing loop \
         --batches "$BATCHES" --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
+        ${ONLY:+--only "$ONLY"} \
         >"$OUT/tpu-$suite.log" 2>&1
     status=$?
     if ((status != 0)); then

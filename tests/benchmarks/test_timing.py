@@ -98,3 +98,10 @@ def test_a_suite_in_the_loop_writes_the_floor_and_compiled_memory(tmp_path):
     records = json.loads((tmp_path / "beta.json").read_text())["timings"]
     floors = [r for r in records if r["implementation"] == timing.FLOOR]
     assert floors and all(r["moved_bytes"] > 0 for r in floors)
+
+
+def test_only_times_the_named_implementations_beside_the_reference():
+    timing.set_timing(in_loop=False, only=("b",))
+    args = _inputs()
+    fns = {name: (jax.jit(_step), args) for name in ("a", "b", "c")}
+    assert list(timing.interleaved(fns, rounds=1, round_seconds=0.001)) == ["a", "b"]
