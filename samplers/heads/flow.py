@@ -14,8 +14,8 @@ import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jaxtyping import Array, Float
+from flax import errors, nnx
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
 from samplers.distributions.constructors import squashed_flow
@@ -52,7 +52,8 @@ class FlowSampler(SquashedNormalSampler):
     log-likelihood is computed the same way, at the cost of the layers' inverse
     after their forward pass; its replay reproduces it to float32 rounding (the
     rollout and the loss are different XLA programs, whose matrix products may
-    round differently). The entropy has no closed form: ``entropy`` is
+    round differently), which spline layers amplify where a bin is nearly flat
+    (see the flow guide for the bound). The entropy has no closed form: ``entropy`` is
     ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
     draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
     ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).
@@ -68,8 +69,14 @@ class FlowSampler(SquashedNormalSampler):
         num_layers: How many coupling layers, at least 1.
         transform: ``"affine"`` (a shift and a scale whose log is softly clamped
             to ``(-3, 3)``) or ``("spline", num_bins)``, a rational-quadratic
-            spline (distrax's, identity slopes at its ends) on ``[-5, 5]`` with
-            ``num_bins`` bins (``"spline"``: 8), the identity outside.
+            spline (distrax's, identity slopes at its ends) on
+            ``[-spline_range, spline_range]`` with ``num_bins`` bins (``"spline"``:
+            8), the identity outside. With ``action_dim=1`` an affine layer is an
+            affine map of the one dimension, conditioned on the features alone: the
+            head is then a squashed Normal whose mean and std the layers move; take
+            splines for any other shape.
+        spline_range: The half-width of the interval a spline acts on, positive
+            (5.0); pre-images outside it pass the spline layers unchanged.
         hidden_sizes: The MLPs' hidden widths.
         min_std: Floor added to the softplus.
         std_scale: Multiplies the std.
@@ -91,6 +98,8 @@ class FlowSampler(SquashedNormalSampler):
         TypeError: ``rngs`` is not an ``nnx.Rngs``.
         ValueError: an option is out of range, or ``entropy`` is ``"exact"`` or
             ``"quadrature"``, which a flow does not have.
+        flax.errors.TraceContextError: at a call under ``jax.grad`` or ``jax.jit``
+            (not nnx's) that needs a key: the message names ``entropy="base"``.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -113,6 +122,7 @@ class FlowSampler(SquashedNormalSampler):
         feature_dim: int = 0,
         num_layers: int = 2,
         transform: str | tuple[str, int] = "affine",
+        spline_range: float = 5.0,
         hidden_sizes: Sequence[int] = (64, 64),
         min_std: float = 1e-3,
         std_scale: float = 1.0,
@@ -155,6 +165,7 @@ class FlowSampler(SquashedNormalSampler):
         self.feature_dim = int(feature_dim)
         num_layers = _checks.positive_int("num_layers", num_layers)
         self.transform = _transform_choice(transform)
+        self.spline_range = _checks.real_number("spline_range", spline_range, above=0.0)
         action = self.action_dim
         assert action is not None
         width = 2 if self.transform[0] == "affine" else 3 * self.transform[1] + 1
@@ -211,12 +222,27 @@ class FlowSampler(SquashedNormalSampler):
             log_scale = _MAX_LOG_SCALE * jnp.tanh(params[..., 1] / _MAX_LOG_SCALE)
             return distrax.ScalarAffine(shift=params[..., 0], log_scale=log_scale)
         spline = distrax.RationalQuadraticSpline(
-            params, range_min=-5.0, range_max=5.0, boundary_slopes="identity"
+            params,
+            range_min=-self.spline_range,
+            range_max=self.spline_range,
+            boundary_slopes="identity",
         )
-        # The spline is the identity outside [-5, 5] whatever its parameters: a shift by
+        # The spline is the identity outside its range whatever its parameters: a shift by
         # 0 * their sum carries a NaN parameter into the value there too.
         guard = distrax.ScalarAffine(shift=0.0 * jnp.sum(params, axis=-1))
         return distrax.Chain([guard, spline])
+
+    def _draw(self) -> PRNGKeyArray:
+        try:
+            return super()._draw()
+        except errors.TraceContextError as error:
+            raise errors.TraceContextError(
+                f"FlowSampler draws a key from its nnx.Rngs stream {self.rng_collection!r} "
+                f"inside a jax transform (jax.grad, jax.jit, ...), which flax refuses. Use "
+                f"nnx.grad / nnx.jit / nnx.value_and_grad, or make the call key-free: a "
+                f"replay draws a key only for its entropy, so build the head with "
+                f"entropy='base' (or give it keys as state with per_env_streams=True)."
+            ) from error
 
 
 class _Conditioner(nnx.Module):

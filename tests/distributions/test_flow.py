@@ -366,3 +366,76 @@ def test_a_stored_action_away_from_the_bounds_scores_through_the_inverses(spread
         rtol=1e-4,
         atol=1e-4,
     )
+
+
+def _normal_equivalent(loc, scale, weights, features):
+    """The mean and std of the Normal that layers seeing the features alone make of
+    ``N(loc, scale)``: each moved dimension goes through ``x * exp(ls) + sh``."""
+    mean, std = jnp.asarray(loc), jnp.asarray(scale)
+    for kept, (_, v, b) in zip(KEPT, weights, strict=True):
+        p = jnp.einsum("...i,ijk->...jk", features, v)
+        p = p + jnp.broadcast_to(b, p.shape)
+        moved = ~_keep(kept)
+        mean = jnp.where(moved, mean * jnp.exp(p[..., 1]) + p[..., 0], mean)
+        std = jnp.where(moved, std * jnp.exp(p[..., 1]), std)
+    return mean, std
+
+
+@pytest.mark.slow
+def test_the_kl_estimate_is_unbiased_for_the_kl_of_two_flows():
+    """With layers that see the features alone each flow is a squashed Normal, and the KL
+    of two with one squashing is that of the Normals, in closed form: the oracle for the
+    estimate's mean and for the mean of its gradient with respect to the second flow."""
+    loc, scale, features, _ = _inputs(19)
+    rng = np.random.default_rng(20)
+    p_weights = [
+        (np.zeros((A, A, 2)), rng.normal(size=(F, A, 2)) * 0.3, rng.normal(size=(A, 2)) * 0.3)
+        for _ in KEPT
+    ]
+    q_weights = [(w, v + rng.normal(size=v.shape) * 0.05, b) for w, v, b in p_weights]
+    q_loc = loc + rng.normal(size=loc.shape) * 0.15
+    p = _flow(loc, scale, p_weights, features)
+    n = 2000
+
+    def estimate(q_loc, key):
+        return p.kl_divergence(_flow(q_loc, scale, q_weights, features), seed=key).sum()
+
+    keys = jax.random.split(jax.random.key(21), n)
+    values, grads = jax.vmap(jax.value_and_grad(estimate), in_axes=(None, 0))(
+        jnp.asarray(q_loc, jnp.float32), keys
+    )
+    with jax.enable_x64(True):
+        mean_p, std_p = _normal_equivalent(loc, scale, p_weights, features)
+
+        def exact(q_loc):
+            mean_q, std_q = _normal_equivalent(q_loc, scale, q_weights, features)
+            normal_p = samplers.squashed_normal_from_std(mean_p, std_p)
+            return normal_p.kl_divergence(samplers.squashed_normal_from_std(mean_q, std_q)).sum()
+
+        kl, grad = jax.value_and_grad(exact)(jnp.asarray(q_loc))
+        kl, grad = float(kl), np.asarray(grad)
+    values, grads = np.asarray(values, np.float64), np.asarray(grads, np.float64)
+    assert kl > 0.5  # the flows differ (summed over the batch)
+    assert abs(values.mean() - kl) < 4.5 * values.std() / np.sqrt(n)
+    error = np.abs(grads.mean(0) - grad)
+    z = error / (grads.std(0) / np.sqrt(n))
+    assert np.all(z < 4.5), (z.max(), np.unravel_index(z.argmax(), z.shape), grad)
+    # The same flow: exactly 0, and num_samples averages the draws.
+    np.testing.assert_array_equal(p.kl_divergence(p, seed=0, num_samples=3), 0.0)
+
+
+def test_the_kl_without_a_key_or_between_other_maps_is_refused_with_the_fix():
+    loc, scale, features, _ = _inputs(22)
+    p = _flow(loc, scale, _weights(23), features)
+    q = _flow(loc, scale, _weights(24), features)
+    with pytest.raises(NotImplementedError, match=r"p\.kl_divergence\(q, seed=key"):
+        p.kl_divergence(q)
+    with pytest.raises(NotImplementedError, match="no closed form"):
+        tfd.kl_divergence(p, q)
+    with pytest.raises(TypeError, match="needs another SquashedFlow"):
+        p.kl_divergence(samplers.normal_tanh(jnp.zeros((B, 2 * A))), seed=0)
+    other = samplers.SquashedFlow(p.loc, p.scale, bijector=samplers.Sigmoid())
+    with pytest.raises(ValueError, match="must share their squashing"):
+        p.kl_divergence(other, seed=0)
+    with pytest.raises(ValueError, match="same shape"):
+        p.kl_divergence(samplers.SquashedFlow(p.loc[:2], p.scale[:2]), seed=0)

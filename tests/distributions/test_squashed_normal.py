@@ -660,7 +660,7 @@ def test_entropy_is_the_float64_entropy_where_quadrature_is_biased(mean, std):
 
 @pytest.mark.parametrize(
     "shape",
-    [slow((5,)), (8192, 1), slow((3, 1024, 8)), slow((4100, 8))],
+    [slow((5,)), slow((8192, 1)), slow((3, 1024, 8)), slow((4100, 8))],
     ids=["(A,)", "(B,A)", "(T,B,A)", "(B,A) B=4100"],
 )
 def test_entropy_of_a_large_batch_is_each_row_alone(shape):

@@ -324,7 +324,7 @@ def test_options_of_the_step_heads_that_the_head_would_ignore_are_refused():
         head((), _features())
 
 
-@pytest.mark.parametrize("entropy", [slow("exact"), "along_sample"])
+@pytest.mark.parametrize("entropy", [slow("exact"), slow("along_sample")])
 def test_a_replayed_unit_forbidden_now_whose_targets_are_all_forbidden_scores_minus_inf(entropy):
     head = _head_with(entropy=entropy)
     x = _features()

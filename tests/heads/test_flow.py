@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import errors, nnx
 
 import samplers
 from tests._tiers import slow
@@ -208,3 +208,87 @@ def test_options_and_inputs_are_refused_with_the_fix():
     head = _head()
     with pytest.raises(ValueError, match=r"2 \* action_dim \+ feature_dim"):
         head((), jnp.zeros((4, 2 * A)))
+
+
+def _pre_image_sensitivity(dist, pre_image):
+    """``eps * sum_i (1 + |x_K,i|) |d log p / d x_K,i|``: how far a float32 rounding of the
+    stored pre-image moves its log-likelihood."""
+    score = jax.grad(lambda x: dist.log_prob_from_pre_image(x).sum())(jnp.asarray(pre_image))
+    eps = np.finfo(np.float32).eps
+    return eps * np.sum((1 + np.abs(pre_image)) * np.abs(np.asarray(score)), axis=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_spline_replay_in_another_program_is_within_the_pre_image_rounding_bound(seed):
+    """An eager rollout replayed under nnx.jit, and a jitted rollout of 64 replayed as a
+    minibatch of 32, with every conditioner weight moved off its initial value:
+    ``|replay - rollout| <= 1e-6 (1 + |log p|) + 32 eps sum_i (1 + |x_K,i|) |d log p/d x_K,i|``."""
+    head = _learned(_head(transform="spline"), seed=seed)
+    x = jax.random.normal(jax.random.key(100 + seed), (64, 2 * A + F))
+    dist = head.distribution(x)
+    eager = head((), x)
+    jitted = _step(head, x)
+    stored_eager, stored_jitted = np.array(eager.rollout_extras), np.array(jitted.rollout_extras)
+    cases = [
+        (_step(head, x, stored_eager), eager, stored_eager, 64),
+        (_step(head, x[:32], stored_jitted[:32]), jitted, stored_jitted, 32),
+    ]
+    for again, out, stored, rows in cases:
+        rollout = np.asarray(out.output["log_likelihood"], np.float64)[:rows]
+        replayed = np.asarray(again.output["log_likelihood"], np.float64)
+        bound = 1e-6 * (1 + np.abs(rollout)) + 32 * _pre_image_sensitivity(dist, stored)[:rows]
+        assert np.all(np.abs(replayed - rollout) <= bound), rows
+        np.testing.assert_array_equal(
+            again.output["action"], np.asarray(out.output["action"])[:rows]
+        )
+
+
+@pytest.mark.slow
+def test_plain_jax_grad_of_a_replay_that_needs_a_key_names_the_key_free_option():
+    head = _head()
+    x = _inputs()
+    stored = _step(head, x).rollout_extras
+
+    def loss(head, x):
+        return jnp.sum(head((), x, stored).output["log_likelihood"])
+
+    with pytest.raises(errors.TraceContextError, match="entropy='base'"):
+        jax.grad(lambda x: loss(head, x))(x)
+    # With entropy="base" the replay draws no key, and jax.grad is nnx.grad's.
+    keyless = _head(entropy="base")
+    by_jax = jax.grad(lambda x: loss(keyless, x))(x)
+    np.testing.assert_array_equal(by_jax, nnx.grad(loss, argnums=1)(keyless, x))
+    assert np.any(np.asarray(by_jax) != 0)
+
+
+def test_the_spline_range_is_where_the_splines_act():
+    head = _learned(_head(transform="spline", spline_range=2.0), seed=4)
+    x = _inputs(seed=8)
+
+    @nnx.jit
+    def layers(head, pre_image):
+        return head.distribution(x)._forward_layers(pre_image)[0]
+
+    inside, outside = jnp.full((8, A), 1.5), jnp.full((8, A), 2.5)
+    assert np.max(np.abs(np.asarray(layers(head, inside)) - 1.5)) > 1e-2
+    np.testing.assert_array_equal(layers(head, outside), outside)
+    with pytest.raises(ValueError, match="spline_range"):
+        _head(transform="spline", spline_range=0.0)
+
+
+@pytest.mark.slow
+def test_the_kl_of_old_and_new_distributions_is_a_sample_estimate():
+    """A PPO metric: ``old.kl_divergence(new)`` between two ``head.distribution``."""
+    head = _learned(_head(), seed=5)
+    x = _inputs(seed=9)
+    moved = _learned(nnx.clone(head), seed=6, size=0.05)
+
+    @nnx.jit
+    def kl(old, new):
+        return old.distribution(x).kl_divergence(new.distribution(x), seed=0, num_samples=64)
+
+    assert np.all(np.asarray(kl(head, moved)) > 0)
+    np.testing.assert_array_equal(kl(head, head), 0.0)
+    with pytest.raises(NotImplementedError, match="seed=key"):
+        head.distribution(x).kl_divergence(moved.distribution(x))
