@@ -141,7 +141,8 @@ def main(argv=None):
     in_loop = args.timing == "loop" or (args.timing is None and device.platform != "cpu")
     if args.bandwidth_tbs is not None and not (in_loop or suite is None):
         parser.error(
-            f"--bandwidth-tbs: {heads} have a floor in the loop only; add --timing loop or drop it"
+            f"--bandwidth-tbs: there is no bandwidth floor for {heads} timed per call; "
+            "add --timing loop, or drop it"
         )
     timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs, only=args.only)
     if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):

@@ -8,6 +8,7 @@ Nothing runs on import (``pytest --doctest-modules`` imports this module).
 
 import functools
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -365,12 +366,16 @@ def _exact_entropy_in_steps(axis_type, shape, batch_axis):
     return problems
 
 
-def main():
+def _check_devices():
     if jax.device_count() != DEVICES:
         raise RuntimeError(
             f"expected {DEVICES} devices, got {jax.device_count()}; run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES}."
         )
+
+
+def main():
+    _check_devices()
     results = {}
     for axis_type in (AxisType.Explicit, AxisType.Auto):
         for layout, shape, batch_axis in (("[B,2A]", (B,), 0), ("[T,B,2A]", (T, B), 1)):
@@ -392,19 +397,25 @@ def main():
     )
     _run(results, "shard_map module with per-env streams", _shard_map_module_with_per_env_streams)
     _run(results, "nnx.scan over time", _nnx_scan_over_time)
-    for axis_type in (AxisType.Explicit, AxisType.Auto):
-        for layout, shape, batch_axis in (
-            ("[B,A]", (2048, 8), 0),
-            ("[T,B,A]", (3, 1024, 8), 1),
-            ("[B,A] B=4100", (4100, 8), 0),
-        ):
-            _run(
-                results,
-                f"exact entropy in steps {axis_type.name} {layout}",
-                functools.partial(_exact_entropy_in_steps, axis_type, shape, batch_axis),
-            )
+    print(json.dumps(results))
+
+
+def entropy_main():
+    """The exact entropy's checks alone (``--entropy``): the slow tier's."""
+    _check_devices()
+    results = {}
+    for axis_type, layout, shape, batch_axis in (
+        (AxisType.Explicit, "[B,A]", (2048, 8), 0),
+        (AxisType.Auto, "[T,B,A]", (3, 1024, 8), 1),
+        (AxisType.Explicit, "[B,A] B=4100", (4100, 8), 0),
+    ):
+        _run(
+            results,
+            f"exact entropy in steps {axis_type.name} {layout}",
+            functools.partial(_exact_entropy_in_steps, axis_type, shape, batch_axis),
+        )
     print(json.dumps(results))
 
 
 if __name__ == "__main__":
-    main()
+    entropy_main() if "--entropy" in sys.argv[1:] else main()
