@@ -699,16 +699,8 @@ def test_squashed_normal_log_prob_from_pre_image_against_the_oracle(squashing):
     x, loc, scale = (grid.value.astype(np.float64), grid.loc, grid.scale.astype(np.float64))
     half = (grid.high.astype(np.float64) - grid.low) / 2
     z = (x - loc) / scale
-    log_derivative = np.log(half) + 2 * (np.log(2) - np.abs(x) - np.log1p(np.exp(-2 * np.abs(x))))
-    largest = np.max(
-        [
-            z**2 / 2,
-            np.abs(np.log(scale)),
-            np.full_like(z, oracle.HALF_LOG_2PI),
-            np.abs(log_derivative),
-        ],
-        axis=0,
-    )
+    log_derivative = _log_derivative64(x, half)
+    largest = _largest_term64(z, scale, log_derivative)
     expected = grid.oracle(oracle.log_prob_pre_image_term)
     _measure(
         "normal log_prob_from_pre_image",
@@ -833,6 +825,17 @@ def test_squashed_normal_entropy_against_the_oracle(squashing):
 # (d) The heads' own parameterisation: the softplus std, in float64.
 
 
+def _log_derivative64(x, half):
+    """``log |f'(x)|`` of ``BoundedTanh`` with half range ``half``, in float64."""
+    return np.log(half) + 2 * (np.log(2) - np.abs(x) - np.log1p(np.exp(-2 * np.abs(x))))
+
+
+def _largest_term64(z, scale, log_derivative):
+    """The largest of the squashed-Normal log-density's terms, the scale of its error."""
+    terms = [z**2 / 2, np.abs(np.log(scale)), np.full_like(z, oracle.HALF_LOG_2PI)]
+    return np.max([*terms, np.abs(log_derivative)], axis=0)
+
+
 def _softplus64(x):
     return np.logaddexp(0.0, np.asarray(x, np.float64))
 
@@ -848,17 +851,9 @@ def _normal_head64(inputs, pre_image, min_std, low=-1.0, high=1.0, input_sizes=N
     std = _softplus64(raw) + min_std
     z = (x - mean) / std
     half = (np.asarray(high, np.float64) - np.asarray(low, np.float64)) / 2
-    log_derivative = np.log(half) + 2 * (np.log(2) - np.abs(x) - np.log1p(np.exp(-2 * np.abs(x))))
+    log_derivative = _log_derivative64(x, half)
     terms = -(z**2) / 2 - np.log(std) - oracle.HALF_LOG_2PI - log_derivative
-    largest = np.max(
-        [
-            z**2 / 2,
-            np.abs(np.log(std)),
-            np.full_like(z, oracle.HALF_LOG_2PI),
-            np.abs(log_derivative),
-        ],
-        axis=0,
-    )
+    largest = _largest_term64(z, std, log_derivative)
     slope = np.exp(-_softplus64(-raw))  # sigmoid(raw), the softplus' derivative
     grad_mean = z / std
     grad_raw = (z**2 - 1) / std * slope
