@@ -97,7 +97,8 @@ def set_timing(*, in_loop, bandwidth_tbs=None, only=None):
         bandwidth_tbs: The device's memory bandwidth in TB/s, for the bytes the
             floor moves; by default :data:`BANDWIDTH_TBS`'s figure for the device.
         only: If given, the names of the implementations to time beside each
-            table's reference (the first), which is always timed; None times all.
+            table's reference (the first), which is always timed; None times all. A
+            table that times none of these names (the estimators, say) is timed whole.
     """
     global _timing
     _timing = _Timing(in_loop, bandwidth_tbs, None if only is None else tuple(only))
@@ -148,14 +149,13 @@ def interleaved(fns, rounds, round_seconds=0.05):
         round_seconds: About how long each implementation runs per round: the
             number of calls (or of steps in the loop) is set from the reference's time.
     """
-    if _timing.only is not None:
-        reference = next(iter(fns))
+    reference, *others = fns
+    if _timing.only is not None and set(others) & set(_timing.only):
         fns = {n: f for n, f in fns.items() if n == reference or n in _timing.only}
     if _timing.in_loop:
         return _interleaved_in_loop(fns, rounds, round_seconds)
     for fn, args in fns.values():
         jax.block_until_ready(fn(*args))  # compile and warm up
-    reference = next(iter(fns))
     calls = max(1, int(round_seconds / max(call_seconds(*fns[reference], 3), 1e-7)))
     return Samples(
         _rounds(

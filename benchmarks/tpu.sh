@@ -16,12 +16,14 @@
 #   ONLY      the implementations to time beside the references (default: all), e.g.
 #             "samplers,samplers (pure layer)": fewer programs to compile
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
+#   DEVICE    the platform (default tpu; cpu tries the script out at small sizes)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SUITES=${SUITES:-default discrete composite beta autoregressive flow}
 BATCHES=${BATCHES:-1,4096,65536,262144,1048576}
 ROUNDS=${ROUNDS:-5}
 LIMIT_S=${LIMIT_S:-300}
+DEVICE=${DEVICE:-tpu}
 OUT=${OUT:-benchmarks/results/tpu}
 RESULTS=${RESULTS:-benchmarks/results}
 mkdir -p "$OUT" "$RESULTS"
@@ -30,7 +32,7 @@ for suite in $SUITES; do
     flags=()
     [[ $suite == default ]] || flags=("--$suite")
     echo "== $suite"
-    timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device tpu --timing loop \
+    timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device "$DEVICE" --timing loop \
         --batches "$BATCHES" --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
         ${ONLY:+--only "$ONLY"} \
         >"$OUT/tpu-$suite.log" 2>&1

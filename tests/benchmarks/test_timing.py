@@ -105,3 +105,6 @@ def test_only_times_the_named_implementations_beside_the_reference():
     args = _inputs()
     fns = {name: (jax.jit(_step), args) for name in ("a", "b", "c")}
     assert list(timing.interleaved(fns, rounds=1, round_seconds=0.001)) == ["a", "b"]
+    # A table that times none of the named implementations is timed whole.
+    others = {name: (jax.jit(_step), args) for name in ("x", "y")}
+    assert list(timing.interleaved(others, rounds=1, round_seconds=0.001)) == ["x", "y"]
