@@ -13,7 +13,8 @@ inverses after the forward pass. Both run under ``jax.jit`` on the same network 
 round; a cell is the median over rounds of the ratio of the head's time to the
 hand-written time in the same round, with min and max. A third column runs the
 hand-written steps on ``samplers.squashed_flow`` of the same layers (the pure layer),
-which separates what the module adds from what the distribution costs. The gradients are
+which separates what the module adds from what the distribution costs; its actor step
+takes ``sample_and_log_prob``, which scores the draw forward. The gradients are
 with respect to the network output (as in the other suites), which reaches every layer
 of the conditioners through the features. Writes ``results/flow.md`` and
 ``results/flow.json``.
@@ -209,7 +210,7 @@ def _pure_layer(case):
         key, params = random_input
         key, subkey = jax.random.split(key)
         dist = flow_of(inputs, params)
-        action, log_likelihood = dist.forward_and_log_prob(dist.sample_pre_image(seed=subkey))
+        action, log_likelihood = dist.sample_and_log_prob(seed=subkey)  # scored forward
         objective = jnp.mean(ALPHA * log_likelihood - implementations.critic(action))
         return objective, (key, params)
 
@@ -312,10 +313,13 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         f"hidden_sizes={HIDDEN})` through the path `samplers.functional` takes, "
         "`reparameterized=True` for the actor step. `samplers (pure layer)`: the "
         "hand-written steps on `samplers.squashed_flow` of the same layers "
-        "(`sample_pre_image`, `forward_and_log_prob`, `log_prob_from_pre_image`, "
-        "`entropy_estimate`), which separates what the module adds. The head and the "
-        "pure layer score a fresh draw as their replay will: the layers' inverse after "
-        "their forward pass. Each cell: median over "
+        "(`sample_pre_image` and `forward_and_log_prob` in the rollout, "
+        "`log_prob_from_pre_image` and `entropy_estimate` in the loss, "
+        "`sample_and_log_prob` in the actor step), which separates what the module adds. "
+        "The head's rollout and actor step, and the pure layer's rollout, score a fresh "
+        "draw as their replay will: the layers' inverse after their forward pass; the "
+        "pure layer's actor step scores it forward, as the hand-written one does. Each "
+        "cell: median over "
         f"{rounds} interleaved rounds of time / hand-written time in the same round "
         "(min-max); below 1 is faster than the hand-written code.",
     ]

@@ -21,7 +21,7 @@ from samplers import _checks
 from samplers._numerics import HALF_LOG_2PI, k3
 from samplers.distributions import _pre_images, _squashed
 from samplers.distributions.bijectors import Tanh, bijector_name, same_map
-from samplers.distributions.replay import PreImageReplay
+from samplers.distributions.replay import PreImageReplay, SampleShape, Seed
 
 _TANH = Tanh()
 
@@ -205,6 +205,43 @@ class SquashedFlow(PreImageReplay):
         one typed key per batch element."""
         draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
         return self._pre_image_of(draw)
+
+    def sample_and_log_prob(
+        self, *, seed: Seed, sample_shape: SampleShape = ()
+    ) -> tuple[Float[Array, "*sample_and_batch action"], Float[Array, "*sample_and_batch"]]:
+        """The draws of :meth:`sample`, each scored forward, as ``distrax.Transformed``
+        scores a fresh draw: ``log N(x0; loc, scale) - sum_k log|det J_k(x_{k-1})| -
+        sum log|f'(x_K)|``, the layers' log-determinants taken on the way out.
+
+        No layer runs twice, so a SAC actor loss costs what the same flow written in
+        distrax costs, and no inverse is taken: a draw that rounded onto a bound is
+        finite. The value is :meth:`log_prob_from_pre_image` of the same ``x_K`` to
+        float rounding, not bit for bit (the inverses round differently; the flow
+        guide bounds the difference), and ``dist.log_prob`` of the returned action
+        scores its ``x_K`` through the inverses, as a replay does. A rollout that
+        stores ``x_K`` for a replay takes :meth:`sample_with_replay`, whose
+        log-probability is the replay's bit for bit. Gradients reach ``loc``,
+        ``scale`` and the layers, through the draw too (reparameterised).
+
+        Example:
+            >>> import distrax, jax, jax.numpy as jnp, samplers
+            >>> layer = distrax.MaskedCoupling(
+            ...     jnp.array([True, False]),
+            ...     lambda x: jnp.stack([x, x], -1),
+            ...     lambda p: distrax.ScalarAffine(shift=p[..., 0], log_scale=0.5 * p[..., 1]),
+            ... )
+            >>> dist = samplers.SquashedFlow(jnp.zeros(2), jnp.ones(2), [layer])
+            >>> action, log_prob = dist.sample_and_log_prob(seed=jax.random.key(0))
+            >>> replayed = dist.log_prob(action)  # through the inverse
+            >>> bool(jnp.abs(replayed - log_prob) < 1e-5 * (1 + jnp.abs(log_prob)))
+            True
+        """
+        draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
+        x, loc, scale = self._broadcast("draw", draw)
+        pre_image, layers_log_det = self._forward_layers(x)
+        log_normal = jnp.sum(_squashed.log_normal(x, loc, scale), axis=-1)
+        squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(pre_image), axis=-1)
+        return self._remember(pre_image), log_normal - layers_log_det - squash_log_det
 
     def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
         """``g_K(... g_1(loc))``: the deterministic action is the flow and squashing of the

@@ -53,7 +53,9 @@ class FlowSampler(SquashedNormalSampler):
     after their forward pass; its replay reproduces it to float32 rounding (the
     rollout and the loss are different XLA programs, whose matrix products may
     round differently), which spline layers amplify where a bin is nearly flat
-    (see the flow guide for the bound). The entropy has no closed form: ``entropy`` is
+    (see the flow guide for the bound). A SAC actor loss that takes
+    ``head.distribution(inputs).sample_and_log_prob(seed=key)`` scores its fresh draw
+    forward instead, without the inverse. The entropy has no closed form: ``entropy`` is
     ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
     draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
     ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).

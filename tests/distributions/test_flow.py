@@ -253,6 +253,70 @@ def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
             np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)
 
 
+@pytest.mark.parametrize("shift", [0.0, 60.0], ids=["inside", "saturated"])
+def test_a_fresh_draw_scored_forward_is_the_float64_density_and_distrax_s(shift):
+    """``sample_and_log_prob`` scores a draw forward: its value is the float64 formula
+    at the same base draw, in float32 (``1e-5`` relative plus ``1e-5``) and in float64
+    (``1e-12``), finite where the action rounded onto a bound; in float64 its value and
+    gradients (loc, scale, a conditioner's weights, the features) are those of
+    distrax's own ``Transformed.sample_and_log_prob`` of the same layers, and of the
+    inverse-path score of the same ``x_K``."""
+    loc, scale, features, _ = _inputs(19, spread=0.5)
+    loc = loc + shift
+    weights = _weights(20, on_action=0.0 if shift else 0.2)
+    key = jax.random.key(21)
+    for dtype, rtol, atol in ((jnp.float32, 1e-5, 1e-5), (jnp.float64, 1e-12, 1e-12)):
+        with jax.enable_x64(dtype == jnp.float64):
+            dist = _flow(loc, scale, weights, features, dtype)
+            action, log_prob = dist.sample_and_log_prob(seed=key)
+            eps = np.asarray(jax.random.normal(key, loc.shape, dtype), np.float64)
+        x0 = loc + scale * eps
+        expected, action64, _ = _float64_log_prob(x0, loc, scale, weights, features)
+        assert np.all(np.isfinite(np.asarray(log_prob)))
+        np.testing.assert_allclose(log_prob, expected, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(action, action64, rtol=rtol, atol=atol)
+    if shift:
+        assert np.all(np.abs(np.asarray(action, np.float64)) == 1.0)  # float64 saturates
+        return
+    with jax.enable_x64(True):
+
+        def ours(loc, scale, w0, feats):
+            layers = [(w0, *weights[0][1:]), *weights[1:]]
+            return _flow(loc, scale, layers, feats, jnp.float64).sample_and_log_prob(seed=key)
+
+        def through_the_inverse(loc, scale, w0, feats):
+            dist = _flow(loc, scale, [(w0, *weights[0][1:]), *weights[1:]], feats, jnp.float64)
+            x_k = dist.sample_pre_image(seed=key)
+            return dist.forward_and_log_prob(x_k)
+
+        def theirs(loc, scale, w0, feats):
+            cast = [(w0, *weights[0][1:]), *weights[1:]]
+            cast = [tuple(jnp.asarray(a) for a in layer) for layer in cast]
+            base = distrax.Independent(distrax.Normal(loc, scale), 1)
+            chain = [distrax.Block(distrax.Tanh(), 1), *reversed(_affine_layers(cast, feats))]
+            theirs = distrax.Transformed(base, distrax.Chain(chain))
+            with jax.numpy_rank_promotion("allow"):  # distrax broadcasts implicitly
+                return theirs.sample_and_log_prob(seed=key)
+
+        def objective(step):  # a SAC actor loss: alpha log pi(a) - Q(a)
+            def loss(*args):
+                action, log_prob = step(*args)
+                return jnp.sum(0.2 * log_prob - jnp.sum((action - 0.3) ** 2, -1))
+
+            return loss
+
+        args = [jnp.asarray(a) for a in (loc, scale, weights[0][0], features)]
+        got = ours(*args)
+        for other in (theirs, through_the_inverse):
+            for g, w in zip(got, other(*args), strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+            grads = jax.grad(objective(ours), argnums=(0, 1, 2, 3))(*args)
+            want = jax.grad(objective(other), argnums=(0, 1, 2, 3))(*args)
+            for name, g, w in zip(("loc", "scale", "weights", "features"), grads, want, strict=True):
+                assert np.max(np.abs(w)) > 1e-3, name
+                np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)
+
+
 @pytest.mark.slow
 def test_gradients_match_float64_central_differences():
     loc, scale, features, x0 = _inputs(4)
