@@ -312,7 +312,8 @@ def test_a_fresh_draw_scored_forward_is_the_float64_density_and_distrax_s(shift)
                 np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
             grads = jax.grad(objective(ours), argnums=(0, 1, 2, 3))(*args)
             want = jax.grad(objective(other), argnums=(0, 1, 2, 3))(*args)
-            for name, g, w in zip(("loc", "scale", "weights", "features"), grads, want, strict=True):
+            names = ("loc", "scale", "weights", "features")
+            for name, g, w in zip(names, grads, want, strict=True):
                 assert np.max(np.abs(w)) > 1e-3, name
                 np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)
 
