@@ -295,6 +295,7 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         for case, batch in itertools.product(flow_cases(), batches):
             print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
             results[case.name, batch] = time_case(case, batch, rounds)
+            timing.save_partial(out_dir, name, results, _WORKLOADS)
     conditions.stop()
     sections = [
         "# The flow head against the same flow written in distrax",

@@ -448,6 +448,14 @@ def workload_records(results, workloads, label="case"):
     ]
 
 
+def save_partial(out_dir, name, results, workloads, label="case"):
+    """Writes the cells timed so far to ``{name}.partial.json``, as
+    :func:`workload_records` gives them: a run stopped at a time limit keeps them.
+    :func:`write_report` removes the file once the whole report is written."""
+    record = {"timings": workload_records(results, workloads, label)}
+    (Path(out_dir) / f"{name}.partial.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def _mebibytes(size):
     return "-" if size is None else f"{size / 2**20:.2f}"
 
@@ -467,6 +475,7 @@ def write_report(out_dir, name, sections, record):
     text = "\n".join(sections) + "\n"
     (out_dir / f"{name}.md").write_text(text)
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out_dir / f"{name}.partial.json").unlink(missing_ok=True)
     return text
 
 

@@ -6,7 +6,8 @@
 # Each suite runs `python -m benchmarks [--SUITE] --device tpu --timing loop` and writes
 # $RESULTS/tpu-SUITE.md and .json (the default suite: tpu-default.*); its log goes to
 # $OUT/tpu-SUITE.log. A suite that fails or runs out of time (exit 124) is listed in
-# $OUT/failed.txt, and the script exits 1 after running the others.
+# $OUT/failed.txt, and the script exits 1 after running the others; the cells a stopped
+# suite timed are in $RESULTS/tpu-SUITE.partial.json (all but the default suite).
 #
 # Settings (environment variables):
 #   SUITES    the suites to run (default: default discrete composite beta autoregressive flow)

@@ -98,6 +98,26 @@ def test_a_suite_in_the_loop_writes_the_floor_and_compiled_memory(tmp_path):
     records = json.loads((tmp_path / "beta.json").read_text())["timings"]
     floors = [r for r in records if r["implementation"] == timing.FLOOR]
     assert floors and all(r["moved_bytes"] > 0 for r in floors)
+    assert not (tmp_path / "beta.partial.json").exists()  # the whole report replaces it
+
+
+def test_a_suite_stopped_midway_keeps_the_cells_it_timed(monkeypatch, tmp_path):
+    from benchmarks import beta
+
+    time_case = beta.time_case
+
+    def stopped_at_16(case, batch, rounds):
+        if batch == 16:
+            raise KeyboardInterrupt  # as `timeout -s INT` stops a run
+        return time_case(case, batch, rounds)
+
+    monkeypatch.setattr(beta, "time_case", stopped_at_16)
+    with pytest.raises(KeyboardInterrupt):
+        beta.run((8, 16), tmp_path, device=timing.select_device("cpu"), rounds=1)
+    assert not (tmp_path / "beta.json").exists()
+    records = json.loads((tmp_path / "beta.partial.json").read_text())["timings"]
+    assert {r["batch"] for r in records} == {8}
+    assert {r["workload"] for r in records} == {"rollout", "loss"}
 
 
 def test_only_times_the_named_implementations_beside_the_reference():
