@@ -216,8 +216,8 @@ class SquashedFlow(PreImageReplay):
         No layer runs twice, so a SAC actor loss costs what the same flow written in
         distrax costs, and no inverse is taken: a draw that rounded onto a bound is
         finite. The value is :meth:`log_prob_from_pre_image` of the same ``x_K`` to
-        float rounding, not bit for bit (the inverses round differently; the flow
-        guide bounds the difference), and ``dist.log_prob`` of the returned action
+        float rounding, not bit for bit (the inverses round differently), and
+        ``dist.log_prob`` of the returned action
         scores its ``x_K`` through the inverses, as a replay does. A rollout that
         stores ``x_K`` for a replay takes :meth:`sample_with_replay`, whose
         log-probability is the replay's bit for bit. Gradients reach ``loc``,
