@@ -26,7 +26,7 @@ from typing import Any
 import distrax
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import errors, nnx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from samplers import _checks
@@ -105,6 +105,8 @@ class ActionSampler(StatefulModule, abc.ABC):
     entropy_weight: float = 0.0
     # Whether the head's call takes a mask.
     takes_mask: bool = False
+    # How to build the head so that a replay draws no key (the error of _draw says it).
+    _key_free_entropy: str = "build the head with an entropy that draws none"
 
     def _init_stream(
         self, rngs, rng_collection: str, per_env_streams: bool, rng: Any = None
@@ -322,7 +324,17 @@ class ActionSampler(StatefulModule, abc.ABC):
         return (), sample_key, self._draw()
 
     def _draw(self) -> PRNGKeyArray:
-        return draw(self.rng, self.rng_collection)
+        try:
+            return draw(self.rng, self.rng_collection)
+        except errors.TraceContextError as error:
+            raise errors.TraceContextError(
+                f"{type(self).__name__} draws a key from its nnx.Rngs stream "
+                f"{self.rng_collection!r} inside a jax transform (jax.grad, jax.jit, ...), "
+                f"which flax refuses. Use nnx.grad / nnx.jit / nnx.value_and_grad, or make "
+                f"the call key-free: a sample always draws a key, and a replay draws one "
+                f"only for an entropy estimated from a sample, so {self._key_free_entropy} "
+                f"(or give the head its keys as state with per_env_streams=True)."
+            ) from error
 
 
 def _check_env_keys(keys, batch_shape: tuple[int, ...]) -> None:

@@ -14,8 +14,8 @@ import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import errors, nnx
-from jaxtyping import Array, Float, PRNGKeyArray
+from flax import nnx
+from jaxtyping import Array, Float
 
 from samplers import _checks
 from samplers.distributions.constructors import squashed_flow
@@ -114,6 +114,8 @@ class FlowSampler(SquashedNormalSampler):
         >>> bool(jnp.all(again.output["log_likelihood"] == out.output["log_likelihood"]))
         True
     """
+
+    _key_free_entropy = "build the head with entropy='base'"  # for the key error
 
     def __init__(
         self,
@@ -233,18 +235,6 @@ class FlowSampler(SquashedNormalSampler):
         # 0 * their sum carries a NaN parameter into the value there too.
         guard = distrax.ScalarAffine(shift=0.0 * jnp.sum(params, axis=-1))
         return distrax.Chain([guard, spline])
-
-    def _draw(self) -> PRNGKeyArray:
-        try:
-            return super()._draw()
-        except errors.TraceContextError as error:
-            raise errors.TraceContextError(
-                f"FlowSampler draws a key from its nnx.Rngs stream {self.rng_collection!r} "
-                f"inside a jax transform (jax.grad, jax.jit, ...), which flax refuses. Use "
-                f"nnx.grad / nnx.jit / nnx.value_and_grad, or make the call key-free: a "
-                f"replay draws a key only for its entropy, so build the head with "
-                f"entropy='base' (or give it keys as state with per_env_streams=True)."
-            ) from error
 
 
 class _Conditioner(nnx.Module):

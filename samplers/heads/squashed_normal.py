@@ -119,6 +119,9 @@ class SquashedNormalSampler(ActionSampler):
         ValueError: an option is out of range or not finite, ``entropy`` is not
             one of the choices above, or the ``nnx.Rngs`` has neither the
             ``rng_collection`` stream nor ``default``.
+        flax.errors.TraceContextError: at a call under ``jax.grad`` or ``jax.jit``
+            (not nnx's) that needs a key: a sample, or a replay with
+            ``entropy="sample"``; the message names ``entropy="exact"``.
 
     Example:
         >>> import distrax, jax.numpy as jnp, samplers
@@ -128,6 +131,9 @@ class SquashedNormalSampler(ActionSampler):
         >>> out.output["action"].shape, out.rollout_extras.shape
         ((5, 2), (5, 2))
     """
+
+    # For the error a key drawn under a jax transform raises (ActionSampler._draw).
+    _key_free_entropy = "build the head with entropy='exact' (or 'quadrature' or 'base')"
 
     def __init__(
         self,

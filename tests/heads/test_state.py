@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import errors, nnx
 
 import samplers
 from tests._tiers import slow
@@ -168,3 +168,34 @@ def test_soak_of_100_000_scan_steps_never_yields_nan_nor_repeats_a_key():
         np.testing.assert_allclose(
             pre_images[step], dist.loc + dist.scale * eps, rtol=1e-6, atol=1e-6
         )
+
+
+@pytest.mark.parametrize(
+    ("head", "fix"),
+    [
+        (lambda: samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, action_dim=2), "entropy='exact'"),
+        (
+            lambda: samplers.CompositeSampler(
+                {"a": samplers.NormalTanhSampler(nnx.Rngs(1), 0.01, action_dim=2)},
+                rngs=nnx.Rngs(2),
+            ),
+            "an entropy that draws none",
+        ),
+    ],
+    ids=["NormalTanhSampler", "CompositeSampler"],
+)
+def test_a_key_drawn_under_plain_jax_grad_names_the_fix(head, fix):
+    """Flax refuses a key drawn under ``jax.grad`` (not ``nnx.grad``); the replay with
+    the default one-sample entropy draws one, and the error names how to avoid it."""
+    head = head()
+    x = jnp.zeros((4, head.num_params))
+    stored = head((), x).rollout_extras
+
+    def loss(x):
+        return jnp.sum(head((), x, stored).regularization_loss)
+
+    with pytest.raises(errors.TraceContextError, match=r"nnx\.grad") as raised:
+        jax.grad(loss)(x)
+    assert fix in str(raised.value) and type(head).__name__ in str(raised.value)
+    by_nnx = nnx.grad(lambda head, x: jnp.sum(head((), x, stored).regularization_loss), argnums=1)
+    assert np.all(np.isfinite(by_nnx(head, x)))  # nnx.grad carries the stream
