@@ -254,13 +254,10 @@ def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
 
 
 @pytest.mark.parametrize("shift", [0.0, 60.0], ids=["inside", "saturated"])
-def test_a_fresh_draw_scored_forward_is_the_float64_density_and_distrax_s(shift):
+def test_a_fresh_draw_scored_forward_is_the_float64_density(shift):
     """``sample_and_log_prob`` scores a draw forward: its value is the float64 formula
     at the same base draw, in float32 (``1e-5`` relative plus ``1e-5``) and in float64
-    (``1e-12``), finite where the action rounded onto a bound; in float64 its value and
-    gradients (loc, scale, a conditioner's weights, the features) are those of
-    distrax's own ``Transformed.sample_and_log_prob`` of the same layers, and of the
-    inverse-path score of the same ``x_K``."""
+    (``1e-12``), finite where the action rounded onto a bound."""
     loc, scale, features, _ = _inputs(19, spread=0.5)
     loc = loc + shift
     weights = _weights(20, on_action=0.0 if shift else 0.2)
@@ -277,7 +274,17 @@ def test_a_fresh_draw_scored_forward_is_the_float64_density_and_distrax_s(shift)
         np.testing.assert_allclose(action, action64, rtol=rtol, atol=atol)
     if shift:
         assert np.all(np.abs(np.asarray(action, np.float64)) == 1.0)  # float64 saturates
-        return
+
+
+@pytest.mark.slow
+def test_a_fresh_draw_scored_forward_is_distrax_s_and_the_inverse_path_s_with_gradients():
+    """In float64, ``sample_and_log_prob``'s value and the gradients of a SAC actor loss
+    on it (loc, scale, a conditioner's weights, the features) are those of distrax's
+    own ``Transformed.sample_and_log_prob`` of the same layers, and of the inverse-path
+    score of the same ``x_K``."""
+    loc, scale, features, _ = _inputs(19, spread=0.5)
+    weights = _weights(20)
+    key = jax.random.key(21)
     with jax.enable_x64(True):
 
         def ours(loc, scale, w0, feats):
