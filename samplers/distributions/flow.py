@@ -191,10 +191,14 @@ class SquashedFlow(PreImageReplay):
         ``x_K`` they are those of the log-density of that action.
         """
         x, loc, scale = self._broadcast("pre_image", pre_image)
-        base_draw, layers_log_det = self._inverse_layers(x)
+        base_draw, inverse_log_det = self._inverse_layers(x)
+        return self._density(base_draw, loc, scale, inverse_log_det, x)
+
+    def _density(self, base_draw, loc, scale, inverse_log_det, pre_image) -> Array:
+        """``log N(x0; loc, scale) + sum_k log|det J_k^-1| - sum log|f'(x_K)|``."""
         log_normal = jnp.sum(_squashed.log_normal(base_draw, loc, scale), axis=-1)
-        squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(x), axis=-1)
-        return log_normal + layers_log_det - squash_log_det
+        squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(pre_image), axis=-1)
+        return log_normal + inverse_log_det - squash_log_det
 
     def _log_prob_of_action(self, value) -> Array:
         return jnp.asarray(distrax.Transformed.log_prob(self, value))
@@ -239,9 +243,7 @@ class SquashedFlow(PreImageReplay):
         draw = self.distribution.sample(seed=seed, sample_shape=sample_shape)
         x, loc, scale = self._broadcast("draw", draw)
         pre_image, layers_log_det = self._forward_layers(x)
-        log_normal = jnp.sum(_squashed.log_normal(x, loc, scale), axis=-1)
-        squash_log_det = jnp.sum(self._squashing.forward_log_det_jacobian(pre_image), axis=-1)
-        return self._remember(pre_image), log_normal - layers_log_det - squash_log_det
+        return self._remember(pre_image), self._density(x, loc, scale, -layers_log_det, pre_image)
 
     def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
         """``g_K(... g_1(loc))``: the deterministic action is the flow and squashing of the
