@@ -1175,20 +1175,25 @@ def test_beta_against_mpmath():
     def column(key, which=0):
         return np.asarray([row[which][key] for row in rows])
 
+    def gradient_errors(quantity, grads, parameters):
+        """Each gradient's error over its size plus its terms', all parameters together."""
+        return np.concatenate(
+            [
+                _relative(got, column(k := f"{quantity}/{p}"), np.abs(column(k)) + column(k, 1))
+                for p, got in zip(parameters, grads, strict=True)
+            ]
+        )
+
     _measure(
         "beta log_prob_from_pre_image",
         "SquashedBeta",
         _relative(log_p, column("log_p"), column("log_p", 1)),
         "error / its terms",
     )
-    errors = [
-        _relative(got, column(f"log_p/{p}"), np.abs(column(f"log_p/{p}")) + column(f"log_p/{p}", 1))
-        for p, got in zip("abz", log_p_grads, strict=True)
-    ]
     _measure(
         "beta log_prob_from_pre_image gradients",
         "SquashedBeta",
-        np.concatenate(errors),
+        gradient_errors("log_p", log_p_grads, "abz"),
         "error / (|gradient| + its terms)",
     )
     _measure(
@@ -1197,15 +1202,9 @@ def test_beta_against_mpmath():
         _relative(entropy, column("entropy"), column("entropy", 1)),
         "nats / (1 + |H[Beta]| + |H[logit]| + log(a + b))",
     )
-    errors = [
-        _relative(
-            got, column(f"entropy/{p}"), np.abs(column(f"entropy/{p}")) + column(f"entropy/{p}", 1)
-        )
-        for p, got in zip("ab", entropy_grads, strict=True)
-    ]
     _measure(
         "beta entropy gradients",
         "SquashedBeta",
-        np.concatenate(errors),
+        gradient_errors("entropy", entropy_grads, "ab"),
         "error / (|gradient| + its terms)",
     )
