@@ -50,6 +50,7 @@ def test_public_names_are_pinned():
         "StatefulModule",
         "StatefulModuleOutput",
         "Tanh",
+        "TokenCategorical",
         "bound_distance",
         "cross_check",
         "functional",
@@ -66,6 +67,7 @@ def test_public_names_are_pinned():
         "squashed_normal",
         "squashed_normal_from_log_std",
         "squashed_normal_from_std",
+        "support_from_kept_ids",
     ]
     assert all(hasattr(samplers, name) for name in samplers.__all__)
 

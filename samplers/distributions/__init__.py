@@ -5,7 +5,7 @@ Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
 :class:`MaskedCategorical` (:mod:`.categorical`), :class:`MultiDiscrete` and
 :class:`MultiBinary` (:mod:`.discrete`), the Beta on a box :class:`SquashedBeta`
 and its pre-image's :class:`LogitBeta` (:mod:`.beta`), the flow :class:`SquashedFlow`
-(:mod:`.flow`), the squashed Normal's and the flow's constructors
+(:mod:`.flow`), the vocabulary-sized :class:`TokenCategorical` (:mod:`.tokens`), the squashed Normal's and the flow's constructors
 from network outputs (:mod:`.constructors`) and the diagnostics of its actions
 (:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
 never the other way round.
@@ -32,6 +32,7 @@ from samplers.distributions.discrete import MultiBinary, MultiDiscrete
 from samplers.distributions.flow import SquashedFlow
 from samplers.distributions.replay import Replayable
 from samplers.distributions.squashed_normal import SquashedNormal
+from samplers.distributions.tokens import TokenCategorical, support_from_kept_ids
 
 # Registers the KL divergence of two squashed Normals with TFP.
 from samplers.distributions import kl  # noqa: F401  # isort: skip
@@ -52,6 +53,7 @@ __all__ = [
     "SquashedNormal",
     "Squashing",
     "Tanh",
+    "TokenCategorical",
     "bound_distance",
     "normal_tanh",
     "ppo_log_ratio_stats",
@@ -61,4 +63,5 @@ __all__ = [
     "squashed_normal",
     "squashed_normal_from_log_std",
     "squashed_normal_from_std",
+    "support_from_kept_ids",
 ]

@@ -113,8 +113,12 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
         if jnp.issubdtype(index.dtype, jnp.floating):
             not_an_index = index != jnp.floor(index)
         inside = (index >= 0) & (index < self.num_categories)
-        index = jnp.where(inside, index, 0).astype(jnp.int32)
-        picked = jnp.take_along_axis(log_probs, index[..., None], axis=-1)[..., 0]
+        # Selected by comparison, not gathered: a gather along a short minor axis is
+        # slow on a TPU, and a sum of one term and zeros is that term exactly.
+        chosen = index[..., None] == jnp.arange(self.num_categories).reshape(
+            (1,) * index.ndim + (-1,)
+        )
+        picked = jnp.sum(jnp.where(chosen, log_probs, 0.0), axis=-1)
         return jnp.where(not_an_index, jnp.nan, jnp.where(inside, picked, -jnp.inf))
 
     def cdf(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
