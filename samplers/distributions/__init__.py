@@ -5,10 +5,10 @@ Functions of arrays and keys, no state: the bijectors (:mod:`.bijectors`), the
 :class:`MaskedCategorical` (:mod:`.categorical`), :class:`MultiDiscrete` and
 :class:`MultiBinary` (:mod:`.discrete`), the Beta on a box :class:`SquashedBeta`
 and its pre-image's :class:`LogitBeta` (:mod:`.beta`), the flow :class:`SquashedFlow`
-(:mod:`.flow`), the vocabulary-sized :class:`TokenCategorical` (:mod:`.tokens`), the squashed Normal's and the flow's constructors
-from network outputs (:mod:`.constructors`) and the diagnostics of its actions
-(:mod:`.diagnostics`). The NNX shell (:mod:`samplers.heads`) imports this layer,
-never the other way round.
+(:mod:`.flow`), the vocabulary-sized :class:`TokenCategorical` (:mod:`.tokens`), the
+squashed Normal's and the flow's constructors from network outputs (:mod:`.constructors`)
+and the diagnostics of its actions (:mod:`.diagnostics`). The NNX shell
+(:mod:`samplers.heads`) imports this layer, never the other way round.
 """
 
 from samplers.distributions.autoregressive import Autoregressive

@@ -399,7 +399,6 @@ class TokenCategorical(distrax.Distribution, Replayable):
 
     def _sample_full_tile(self, tile: "_Tile", keys) -> Array:
         def fold(carry, logits, start, index):
-            best, token = carry
             noise = jax.vmap(
                 lambda k: jax.random.gumbel(
                     jax.random.fold_in(k, index), (logits.shape[-1],), logits.dtype
@@ -407,19 +406,15 @@ class TokenCategorical(distrax.Distribution, Replayable):
             )(keys)
             score = logits + noise
             local = jnp.argmax(score, axis=-1)
-            value = jnp.max(score, axis=-1)
-            better = value > best
-            return jnp.where(better, value, best), jnp.where(better, start + local.astype(jnp.int32), token)
+            return _better(carry, jnp.max(score, axis=-1), start + local.astype(jnp.int32))
 
         init = (jnp.full(tile.rows, -jnp.inf, self._dtype), jnp.zeros(tile.rows, jnp.int32))
         return tile.fold(fold, init)[1]
 
     def _argmax_tile(self, tile: "_Tile", keys) -> Array:
         def fold(carry, logits, start, index):
-            best, token = carry
-            value, local = jnp.max(logits, axis=-1), jnp.argmax(logits, axis=-1)
-            better = value > best
-            return jnp.where(better, value, best), jnp.where(better, start + local.astype(jnp.int32), token)
+            local = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            return _better(carry, jnp.max(logits, axis=-1), start + local)
 
         init = (jnp.full(tile.rows, -jnp.inf, self._dtype), jnp.zeros(tile.rows, jnp.int32))
         return tile.fold(fold, init)[1]
@@ -639,6 +634,13 @@ def _tiled(rows: int, *arrays):
         return a.reshape(-1, rows, *a.shape[1:])
 
     return tuple(one(a) for a in arrays)
+
+
+def _better(carry, value, token):
+    """The running ``(best value, its token)``, the earlier token kept on a tie."""
+    best, kept = carry
+    better = value > best
+    return jnp.where(better, value, best), jnp.where(better, token, kept)
 
 
 def _token(data) -> Array:
