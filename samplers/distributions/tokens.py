@@ -35,13 +35,14 @@ class TokenCategorical(distrax.Distribution, Replayable):
     Truncation follows vLLM's order: the temperature divides the logits, then min-p
     keeps the tokens of probability at least ``min_p`` times the largest, then top-k
     the ``top_k`` most probable of those, then top-p the most probable of those whose
-    mass, renormalised over them, first reaches ``top_p`` (a token is kept while the
-    mass of the tokens before it is below ``top_p``). Tokens of equal logits are
-    ranked by id. All of it happens among the ``max_kept`` most probable tokens: a
-    support never holds more than ``max_kept`` tokens, so ``max_kept`` also acts as a
-    top-k (raise it if ``support_size`` reaches it where your top-p should not stop).
-    Without truncation (no ``top_k``, ``top_p`` or ``min_p``) the support is the whole
-    vocabulary.
+    mass, renormalised over them (over the whole vocabulary when neither min-p nor
+    top-k applies), first reaches ``top_p``: a token is kept while the mass of the
+    tokens before it is below ``top_p``. Tokens of equal logits are ranked by id. A
+    support never holds more than ``max_kept`` tokens: where the truncation would keep
+    more, the support is the ``max_kept`` most probable (and min-p's survivors are
+    renormalised over those), so ``max_kept`` also acts as a top-k; raise it if
+    supports reach it where your top-p should stop later. Without truncation (no
+    ``top_k``, ``top_p`` or ``min_p``) the support is the whole vocabulary.
 
     The replay data of a sample is the token, and with truncation also the support it
     was drawn from, ``{"token": [*batch], "support": [*batch, max_kept]}`` (the kept
@@ -385,12 +386,12 @@ class TokenCategorical(distrax.Distribution, Replayable):
     # Tile programs.
 
     def _support_tile(self, tile: "_Tile", keys) -> Array:
-        values, ids = tile.candidates()
-        return jnp.where(self._keep(values), ids, PAD)
+        values, ids, log_normaliser = tile.candidates()
+        return jnp.where(self._keep(values, log_normaliser), ids, PAD)
 
     def _sample_truncated_tile(self, tile: "_Tile", keys) -> tuple[Array, Array]:
-        values, ids = tile.candidates()
-        keep = self._keep(values)
+        values, ids, log_normaliser = tile.candidates()
+        keep = self._keep(values, log_normaliser)
         noise = jax.vmap(lambda k: jax.random.gumbel(k, (values.shape[-1],), values.dtype))(keys)
         pick = jnp.argmax(jnp.where(keep, values + noise, -jnp.inf), axis=-1)
         token = jnp.take_along_axis(ids, pick[:, None], -1)[:, 0]
@@ -419,16 +420,25 @@ class TokenCategorical(distrax.Distribution, Replayable):
         init = (jnp.full(tile.rows, -jnp.inf, self._dtype), jnp.zeros(tile.rows, jnp.int32))
         return tile.fold(fold, init)[1]
 
-    def _keep(self, values: Array) -> Array:
-        """Which of the sorted candidates ``[R, max_kept]`` the truncation keeps."""
+    def _keep(self, values: Array, log_normaliser: Array) -> Array:
+        """Which of the sorted candidates ``[R, max_kept]`` the truncation keeps.
+
+        Top-p's mass is over the survivors of min-p and top-k, all among the
+        candidates unless ``max_kept`` binds; without either, over the whole
+        vocabulary (``log_normaliser``).
+        """
         keep = values > -jnp.inf
         if self._min_p is not None:
             keep &= values >= values[:, :1] + jnp.log(jnp.asarray(self._min_p, values.dtype))
         if self._top_k is not None:
             keep &= jnp.arange(values.shape[-1]) < self._top_k
         if self._top_p is not None:
-            probs = jax.nn.softmax(jnp.where(keep, values, -jnp.inf), axis=-1)
-            before = jnp.cumsum(probs, axis=-1) - probs
+            if self._min_p is None and self._top_k is None:
+                probs = jnp.exp(values - log_normaliser[:, None])
+            else:
+                probs = jax.nn.softmax(jnp.where(keep, values, -jnp.inf), axis=-1)
+            before = jnp.cumsum(probs, axis=-1)
+            before = jnp.concatenate([jnp.zeros_like(before[:, :1]), before[:, :-1]], -1)
             keep &= before < self._top_p
         return keep
 
@@ -457,23 +467,56 @@ class _Tile:
         """``fold(carry, logits, start, index)`` over the vocabulary blocks."""
         return _fold_blocks(self.dist.vocab_size, self.dist._block[1], self.logits, fold, init)
 
-    def candidates(self) -> tuple[Array, Array]:
+    def candidates(self) -> tuple[Array, Array, Array]:
         """The ``max_kept`` largest tempered logits and their ids, sorted, ids of equal
-        logits in increasing order; ``-inf`` and -1 past the allowed tokens."""
+        logits in increasing order (``-inf`` and -1 past the allowed tokens), and the
+        log-normaliser over the whole vocabulary, ``[R]``."""
         kept = self.dist.max_kept
 
         def fold(carry, logits, start, index):
-            values, ids = carry
+            values, ids, streamed = carry
             block_ids = start + jnp.arange(logits.shape[-1], dtype=jnp.int32)
             joined = jnp.concatenate([values, logits], -1)
             joined_ids = jnp.concatenate([ids, jnp.broadcast_to(block_ids, logits.shape)], -1)
             top, where = jax.lax.top_k(joined, kept)
-            return top, jnp.take_along_axis(joined_ids, where, -1).astype(jnp.int32)
+            ids = jnp.take_along_axis(joined_ids, where, -1).astype(jnp.int32)
+            return top, ids, _stream(streamed, logits)
 
         dtype = self.dist._dtype
-        init = (jnp.full((self.rows, kept), -jnp.inf, dtype), jnp.full((self.rows, kept), PAD))
-        values, ids = self.fold(fold, init)
-        return values, jnp.where(values > -jnp.inf, ids, PAD)
+        init = (
+            jnp.full((self.rows, kept), -jnp.inf, dtype),
+            jnp.full((self.rows, kept), PAD),
+            _stream_init(self.rows, dtype),
+        )
+        values, ids, streamed = self.fold(fold, init)
+        log_normaliser = _log_normaliser(streamed)
+        return values, jnp.where(values > -jnp.inf, ids, PAD), log_normaliser
+
+
+def _stream_init(rows: int, dtype):
+    """A running ``(max, sum of exp(logit - max), sum of exp(logit - max) * logit)``."""
+    zeros = jnp.zeros(rows, dtype)
+    return jnp.full(rows, -jnp.inf, dtype), zeros, zeros
+
+
+def _stream(carry, logits):
+    """The running sums of :func:`_stream_init` with one more block of logits."""
+    top, total, weighted = carry
+    new_top = jnp.maximum(top, logits.max(-1))
+    shift = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
+    scale = jnp.exp(top - shift)
+    weights = jnp.exp(logits - shift[:, None])
+    finite = jnp.where(weights > 0, logits, 0.0)
+    return (
+        new_top,
+        total * scale + weights.sum(-1),
+        weighted * scale + (weights * finite).sum(-1),
+    )
+
+
+def _log_normaliser(carry) -> Array:
+    top, total, _ = carry
+    return jnp.where(jnp.isfinite(top), top, 0.0) + jnp.log(total)
 
 
 def _fold_blocks(vocab: int, size: int, logits_of, fold, init):
@@ -546,23 +589,12 @@ def _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask):
         )
 
         def fold(carry, logits, start, index):
-            top, total, weighted = carry
-            new_top = jnp.maximum(top, logits.max(-1))
-            shift = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
-            scale = jnp.exp(top - shift)
-            weights = jnp.exp(logits - shift[:, None])
-            finite = jnp.where(weights > 0, logits, 0.0)
-            return (
-                new_top,
-                total * scale + weights.sum(-1),
-                weighted * scale + (weights * finite).sum(-1),
-            )
+            return _stream(carry, logits)
 
-        zeros = jnp.zeros(h.shape[0], dtype)
-        init = (jnp.full(h.shape[0], -jnp.inf, dtype), zeros, zeros)
-        top, total, weighted = _fold_blocks(unembedding.shape[1], block[1], logits_of, fold, init)
-        shift = jnp.where(jnp.isfinite(top), top, 0.0)
-        return shift + jnp.log(total), weighted / total
+        streamed = _fold_blocks(
+            unembedding.shape[1], block[1], logits_of, fold, _stream_init(h.shape[0], dtype)
+        )
+        return _log_normaliser(streamed), streamed[2] / streamed[1]
 
     out = jax.lax.map(one, tiles)
     n = hidden.shape[0]
