@@ -280,13 +280,12 @@ class TokenCategorical(distrax.Distribution, Replayable):
 
     def full_log_prob(self, value: Int[ArrayLike, "*batch"]) -> Float[Array, "*batch"]:
         """Log-probability of tokens over the whole vocabulary (untruncated)."""
-        value = self._tokens(value)
-        logit = self._support_logits(value[..., None])[..., 0]
-        return logit - self._moments()[0]
+        log_normaliser, _, logit = self._moments(self._tokens(value))
+        return logit - log_normaliser
 
     def full_entropy(self) -> Float[Array, "*batch"]:
         """The exact entropy of the untruncated distribution."""
-        log_normaliser, mean = self._moments()
+        log_normaliser, mean, _ = self._moments()
         return log_normaliser - mean
 
     # Internals: rows, tiles and blocks.
@@ -374,14 +373,16 @@ class TokenCategorical(distrax.Distribution, Replayable):
         logits = jax.lax.map(lambda t: _gathered_logits(self, *t), tiles)
         return logits.reshape(-1, ids.shape[-1])[: flat.shape[0]].reshape(ids.shape)
 
-    def _moments(self) -> tuple[Array, Array]:
-        """``(log-normaliser, mean logit)`` over the whole vocabulary, ``[*batch]``."""
+    def _moments(self, tokens=None) -> tuple[Array, Array, Array]:
+        """``(log-normaliser, mean logit, logit of tokens)`` over the whole vocabulary,
+        ``[*batch]`` each (``tokens`` None: token 0's)."""
         hidden, row_mask = self._rows()
+        tokens = jnp.zeros(hidden.shape[0], jnp.int32) if tokens is None else tokens.reshape(-1)
         config = (self._block, self._temperature, self._dtype)
         out = _streamed_moments(
-            config, hidden, self._unembedding, self._bias, self._shared_mask(), row_mask
+            config, hidden, self._unembedding, self._bias, self._shared_mask(), row_mask, tokens
         )
-        return self._unflatten(out[0]), self._unflatten(out[1])
+        return tuple(self._unflatten(a) for a in out)
 
     # Tile programs.
 
@@ -573,73 +574,76 @@ def _gathered_logits(dist: TokenCategorical, hidden, ids, row_allowed):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _streamed_moments(config, hidden, unembedding, bias, shared_mask, row_mask):
-    return _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask)[0]
+def _streamed_moments(config, hidden, unembedding, bias, shared_mask, row_mask, tokens):
+    return _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask, tokens)[0]
 
 
-def _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask):
+def _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask, tokens):
+    """``(log-normaliser, mean logit, the token's logit)`` per row, ``[N]`` each: the
+    token's logit is picked from its block by comparison, with no gather."""
     block, temperature, dtype = config
-    rows = block[0]
-    tiles = _tiled(rows, hidden, row_mask)
+    tiles = _tiled(block[0], hidden, row_mask, tokens)
 
     def one(tile):
-        h, m = tile
+        h, m, token = tile
         logits_of = functools.partial(
             _block_logits, (temperature, dtype), h, unembedding, bias, shared_mask, m
         )
 
         def fold(carry, logits, start, index):
-            return _stream(carry, logits)
+            streamed, picked = carry
+            hit = _hits(token, start, logits.shape[-1])
+            picked = jnp.where(hit.any(-1), jnp.where(hit, logits, 0.0).sum(-1), picked)
+            return _stream(streamed, logits), picked
 
-        streamed = _fold_blocks(
-            unembedding.shape[1], block[1], logits_of, fold, _stream_init(h.shape[0], dtype)
-        )
-        return _log_normaliser(streamed), streamed[2] / streamed[1]
+        init = (_stream_init(h.shape[0], dtype), jnp.full(h.shape[0], -jnp.inf, dtype))
+        streamed, picked = _fold_blocks(unembedding.shape[1], block[1], logits_of, fold, init)
+        return _log_normaliser(streamed), streamed[2] / streamed[1], picked
 
-    out = jax.lax.map(one, tiles)
     n = hidden.shape[0]
-    moments = tuple(a.reshape(-1)[:n] for a in out)
-    return moments, (hidden, unembedding, bias, shared_mask, row_mask, moments)
+    out = tuple(a.reshape(-1)[:n] for a in jax.lax.map(one, tiles))
+    return out, (hidden, unembedding, bias, shared_mask, row_mask, tokens, out)
 
 
 def _moments_backward(config, residuals, cotangents):
     block, temperature, dtype = config
-    hidden, unembedding, bias, shared_mask, row_mask, moments = residuals
-    rows = block[0]
+    hidden, unembedding, bias, shared_mask, row_mask, tokens, out = residuals
     n, vocab = hidden.shape[0], unembedding.shape[1]
-    g_log_normaliser, g_mean = cotangents
-    tiles = _tiled(rows, hidden, row_mask, *moments, g_log_normaliser, g_mean)
+    # bfloat16 weights: the products take bfloat16 operands and accumulate in float32,
+    # as the forward's do.
+    operands = jnp.result_type(hidden, unembedding)
+    tiles = _tiled(block[0], hidden, row_mask, tokens, *out[:2], *cotangents)
 
     def one(d_weights, tile):
-        h, m, log_normaliser, mean, g_z, g_m = tile
+        h, m, token, log_normaliser, mean, g_z, g_m, g_t = tile
         logits_of = functools.partial(
             _block_logits, (temperature, dtype), h, unembedding, bias, shared_mask, m
         )
 
         def fold(carry, logits, start, index):
             d_hidden, d_w, d_b = carry
+            size = logits.shape[-1]
             probs = jnp.exp(logits - log_normaliser[:, None])
             finite = jnp.where(probs > 0, logits, 0.0)
             d_logits = probs * (g_z[:, None] + g_m[:, None] * (1.0 + finite - mean[:, None]))
-            d_logits = jnp.where(probs > 0, d_logits, 0.0) / jnp.asarray(temperature, dtype)
-            weights = jax.lax.dynamic_slice_in_dim(unembedding, start, logits.shape[-1], axis=1)
-            d_hidden = d_hidden + jnp.dot(d_logits, weights.T.astype(dtype))
-            block_w = jnp.dot(h.T.astype(dtype), d_logits)
+            d_logits = jnp.where(probs > 0, d_logits, 0.0)
+            hit = _hits(token, start, size) & (logits > -jnp.inf)
+            d_logits = (d_logits + jnp.where(hit, g_t[:, None], 0.0)) / temperature
+            weights = jax.lax.dynamic_slice_in_dim(unembedding, start, size, axis=1)
+            low = d_logits.astype(operands)
+            d_hidden = d_hidden + jnp.dot(
+                low, weights.T.astype(operands), preferred_element_type=dtype
+            )
+            block_w = jnp.dot(h.T.astype(operands), low, preferred_element_type=dtype)
             d_w = jax.lax.dynamic_update_slice_in_dim(
-                d_w,
-                jax.lax.dynamic_slice_in_dim(d_w, start, logits.shape[-1], 1) + block_w,
-                start,
-                1,
+                d_w, jax.lax.dynamic_slice_in_dim(d_w, start, size, 1) + block_w, start, 1
             )
             d_b = jax.lax.dynamic_update_slice_in_dim(
-                d_b,
-                jax.lax.dynamic_slice_in_dim(d_b, start, logits.shape[-1]) + d_logits.sum(0),
-                start,
-                0,
+                d_b, jax.lax.dynamic_slice_in_dim(d_b, start, size) + d_logits.sum(0), start, 0
             )
             return d_hidden, d_w, d_b
 
-        init = (jnp.zeros(h.shape, dtype), d_weights[0], d_weights[1])
+        init = (jnp.zeros(h.shape, dtype), *d_weights)
         d_hidden, d_w, d_b = _fold_blocks(vocab, block[1], logits_of, fold, init)
         return (d_w, d_b), d_hidden
 
@@ -647,10 +651,15 @@ def _moments_backward(config, residuals, cotangents):
     (d_w, d_b), d_hidden = jax.lax.scan(one, init, tiles)
     d_hidden = d_hidden.reshape(-1, hidden.shape[-1])[:n].astype(hidden.dtype)
     d_bias = None if bias is None else d_b.astype(bias.dtype)
-    return d_hidden, d_w.astype(unembedding.dtype), d_bias, None, None
+    return d_hidden, d_w.astype(unembedding.dtype), d_bias, None, None, None
 
 
 _streamed_moments.defvjp(_moments_forward, _moments_backward)
+
+
+def _hits(token, start, size: int) -> Array:
+    """``[R, size]``: where each row's token falls in the block ``[start, start + size)``."""
+    return token[:, None] == start + jnp.arange(size, dtype=jnp.int32)
 
 
 def _tiled(rows: int, *arrays):
