@@ -432,7 +432,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
         if self._min_p is not None:
             keep &= values >= values[:, :1] + jnp.log(jnp.asarray(self._min_p, values.dtype))
         if self._top_k is not None:
-            keep &= jnp.arange(values.shape[-1]) < self._top_k
+            keep &= jnp.arange(values.shape[-1])[None] < self._top_k
         if self._top_p is not None:
             if self._min_p is None and self._top_k is None:
                 probs = jnp.exp(values - log_normaliser[:, None])
@@ -541,10 +541,11 @@ def _block_logits(config, hidden, unembedding, bias, shared_mask, row_mask, star
     weights = jax.lax.dynamic_slice_in_dim(unembedding, start, size, axis=1)
     logits = jnp.dot(hidden, weights, preferred_element_type=dtype).astype(dtype)
     if bias is not None:
-        logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, size).astype(dtype)
+        logits = logits + jax.lax.dynamic_slice_in_dim(bias, start, size).astype(dtype)[None]
     logits = logits / jnp.asarray(temperature, dtype)
     if shared_mask is not None:
-        logits = jnp.where(jax.lax.dynamic_slice_in_dim(shared_mask, start, size), logits, -jnp.inf)
+        allowed = jax.lax.dynamic_slice_in_dim(shared_mask, start, size)[None]
+        logits = jnp.where(allowed, logits, -jnp.inf)
     if row_mask is not None:
         logits = jnp.where(
             jax.lax.dynamic_slice_in_dim(row_mask, start, size, axis=1), logits, -jnp.inf
@@ -659,7 +660,7 @@ _streamed_moments.defvjp(_moments_forward, _moments_backward)
 
 def _hits(token, start, size: int) -> Array:
     """``[R, size]``: where each row's token falls in the block ``[start, start + size)``."""
-    return token[:, None] == start + jnp.arange(size, dtype=jnp.int32)
+    return token[:, None] == start + jnp.arange(size, dtype=jnp.int32)[None]
 
 
 def _tiled(rows: int, *arrays):
