@@ -4,10 +4,11 @@ The command line alone. Each suite is a module of this package with a ``run()``:
 the squashed-Normal head by default (``squashed_normal.py``), the others by their
 flag (``--discrete``: ``discrete.py``, ``--composite``: ``composite.py``,
 ``--beta``: ``beta.py``, ``--autoregressive``: ``autoregressive.py``, ``--flow``:
-``flow.py``, ``--end-to-end``: ``end_to_end.py``), one table
-(``_SUITES``) mapping each flag to its module. The size flags choose a grid of
-``squashed_normal.py``; the other suites take its batch sizes, but ``--end-to-end``,
-which takes ``--num-envs`` and ``--budget``.
+``flow.py``, ``--tokens``: ``tokens.py``, ``--end-to-end``: ``end_to_end.py``), one
+table (``_SUITES``) mapping each flag to its module. The size flags choose a grid of
+``squashed_normal.py``; the other suites take its batch sizes, but ``--tokens``, whose
+``--batches`` are numbers of tokens and whose ``--large`` is its own grid, and
+``--end-to-end``, which takes ``--num-envs`` and ``--budget``.
 """
 
 import argparse
@@ -24,6 +25,7 @@ from benchmarks import (
     flow,
     squashed_normal,
     timing,
+    tokens,
 )
 from benchmarks.squashed_normal import FULL, LARGE, QUICK
 
@@ -35,6 +37,7 @@ _SUITES = {
     "beta": (beta, "the Beta head"),
     "autoregressive": (autoregressive, "the autoregressive head"),
     "flow": (flow, "the flow head"),
+    "tokens": (tokens, "token log-probabilities over a vocabulary"),
     "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
 
@@ -60,10 +63,14 @@ def _parser():
     sizes.add_argument(
         "--large",
         action="store_true",
-        help="B in 1, 2**12, 2**16, 2**18, 2**20 at A = 8, for accelerators",
+        help="B in 1, 2**12, 2**16, 2**18, 2**20 at A = 8, for accelerators (--tokens: "
+        "D = 2048, V = 151936, N in 1024, 8192)",
     )
     parser.add_argument(
-        "--batches", type=_batches, help="batch sizes, e.g. 1,4096,1048576 (replaces the grid's)"
+        "--batches",
+        type=_batches,
+        help="batch sizes, e.g. 1,4096,1048576 (replaces the grid's); for --tokens the "
+        "numbers of tokens N",
     )
     parser.add_argument(
         "--device",
@@ -91,6 +98,12 @@ def _parser():
         help="device memory bandwidth in TB/s: the floor's bytes over it in the loop's "
         "tables (known for a TPU v5e), and for the default suite the modelled "
         f"memory-bandwidth floor ({bandwidth.H200_TBS} for an H200)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="--tokens: the device's matrix peak in TFLOP/s, for the share of it reached "
+        f"(known for a TPU v5e: {tokens.PEAK_TFLOPS['TPU v5 lite']:g})",
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
@@ -147,6 +160,10 @@ def main(argv=None):
     timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs, only=args.only)
     if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):
         parser.error("--num-envs and --budget are options of --end-to-end; drop them")
+    if suite != "tokens" and args.peak_tflops is not None:
+        parser.error("--peak-tflops is an option of --tokens; drop it")
+    if suite == "tokens" and args.full:
+        parser.error("--tokens has no --full grid: pass --large or --batches")
     if suite is None:  # the whole grid, and the modelled bandwidth floor if asked for
         sizes, options = grid, {"name": args.name, "bandwidth_tbs": args.bandwidth_tbs}
     elif suite == "end-to-end":
@@ -155,6 +172,15 @@ def main(argv=None):
             "name": "end_to_end" if args.name == "results" else args.name,
             "budget": 1.0 if args.budget is None else args.budget,
         }
+    elif suite == "tokens":  # its own grids: None takes the --large or the default one
+        sizes = args.batches
+        options = {
+            "name": suite if args.name == "results" else args.name,
+            "large": args.large,
+            "peak_tflops": args.peak_tflops,
+        }
+        if args.rounds is not None:
+            options["rounds"] = args.rounds
     else:
         sizes, options = grid["batches"], {"name": suite if args.name == "results" else args.name}
         if args.rounds is not None:

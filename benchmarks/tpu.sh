@@ -3,25 +3,28 @@
 #
 #   bash benchmarks/tpu.sh     # from the project root, with the project importable
 #
-# Each suite runs `python -m benchmarks [--SUITE] --device tpu --timing loop` and writes
+# Each suite runs `python -m benchmarks [--SUITE] --large --device tpu --timing loop` and writes
 # $RESULTS/tpu-SUITE.md and .json (the default suite: tpu-default.*); its log goes to
 # $OUT/tpu-SUITE.log. A suite that fails or runs out of time (exit 124) is listed in
 # $OUT/failed.txt, and the script exits 1 after running the others; the cells a stopped
 # suite timed are in $RESULTS/tpu-SUITE.partial.json (all but the default suite).
 #
 # Settings (environment variables):
-#   SUITES    the suites to run (default: default discrete composite beta autoregressive flow)
-#   BATCHES   batch sizes (default 1,4096,65536,262144,1048576)
+#   SUITES    the suites to run (default: default discrete composite beta autoregressive flow;
+#             tokens is run only when named: SUITES=tokens)
+#   BATCHES   batch sizes (default: each suite's --large grid, B in 1,4096,65536,262144,1048576;
+#             for tokens N in 1024,8192 tokens, with D = 2048 and V = 151936)
 #   ROUNDS    interleaved rounds per cell (default 5)
 #   LIMIT_S   each suite's time limit in seconds (default 300)
 #   ONLY      the implementations to time beside the references (default: all), e.g.
 #             "samplers,samplers (pure layer)": fewer programs to compile
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
-#   DEVICE    the platform (default tpu; cpu tries the script out at small sizes)
+#   DEVICE    the platform (default tpu; cpu tries the script out at small sizes: there
+#             tokens times its CPU sizes, D = 256 and V = 32768, e.g. BATCHES=64,256)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SUITES=${SUITES:-default discrete composite beta autoregressive flow}
-BATCHES=${BATCHES:-1,4096,65536,262144,1048576}
+BATCHES=${BATCHES:-}
 ROUNDS=${ROUNDS:-5}
 LIMIT_S=${LIMIT_S:-300}
 DEVICE=${DEVICE:-tpu}
@@ -34,7 +37,7 @@ for suite in $SUITES; do
     [[ $suite == default ]] || flags=("--$suite")
     echo "== $suite"
     timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device "$DEVICE" --timing loop \
-        --batches "$BATCHES" --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
+        ${BATCHES:+--batches "$BATCHES"} --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
         ${ONLY:+--only "$ONLY"} \
         >"$OUT/tpu-$suite.log" 2>&1
     status=$?

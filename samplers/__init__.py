@@ -17,7 +17,10 @@ Two layers, one direction of imports:
   (sub-actions each conditioned on the earlier ones) are distributions over
   structured actions; :class:`SquashedFlow` (built by :func:`squashed_flow`) is a
   Normal through learned layers, such as state-conditioned coupling layers, then a
-  squashing; :class:`Replayable` is the protocol of a distribution that samples an
+  squashing; :class:`TokenCategorical` is a Categorical over a language model's
+  vocabulary, truncated, streamed in blocks, whose support a sample stores
+  (:func:`support_from_kept_ids` imports a sampling engine's); :class:`Replayable` is
+  the protocol of a distribution that samples an
   action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
   :func:`ppo_log_ratio_stats` diagnose the actions.
 - :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that
@@ -29,8 +32,10 @@ Two layers, one direction of imports:
   actions, :class:`CompositeSampler` for ``Dict`` and ``Tuple`` actions,
   :class:`ParameterizedSampler` for parameterised actions,
   :class:`AutoregressiveSampler` for sub-actions conditioned (and masked) on the
-  earlier ones, :class:`FlowSampler` for a flow of coupling layers it learns, and
-  :class:`DistributionSampler` for any distrax distribution; :func:`head_for` picks
+  earlier ones, :class:`FlowSampler` for a flow of coupling layers it learns,
+  :class:`TokenSampler` for a language model's next token (a :class:`TokenCategorical`
+  of its hidden states and unembedding), and :class:`DistributionSampler` for any
+  distrax distribution; :func:`head_for` picks
   the head for a gymnasium or gymnax action space.
 
 :func:`cross_check` compares a user's own log-likelihood with this library's.

@@ -51,6 +51,7 @@ def test_public_names_are_pinned():
         "StatefulModuleOutput",
         "Tanh",
         "TokenCategorical",
+        "TokenSampler",
         "bound_distance",
         "cross_check",
         "functional",

@@ -14,7 +14,7 @@ depend on the batch it is computed in (1, 8 or all tokens give the same bits).
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import distrax
 import jax
@@ -118,7 +118,11 @@ class TokenCategorical(distrax.Distribution, Replayable):
         if mask is not None:
             mask = jnp.asarray(mask)
             shape = (*hidden.shape[:-1], vocab)
-            if mask.dtype != jnp.bool_ or jnp.broadcast_shapes(mask.shape, shape) != shape:
+            try:
+                fits = jnp.broadcast_shapes(mask.shape, shape) == shape
+            except ValueError:
+                fits = False
+            if mask.dtype != jnp.bool_ or not fits:
                 raise TypeError(
                     f"mask must be booleans broadcastable to [*batch, V] = {shape}, got "
                     f"{mask.dtype} {mask.shape}; pass True where a token is allowed."
@@ -249,8 +253,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
     def support_log_probs(self, support: Int[ArrayLike, "*batch K"]) -> Float[Array, "*batch K"]:
         """The log-probabilities of a stored support's tokens, renormalised over it
         (``-inf`` for padding and for tokens the mask forbids)."""
-        logits = self._support_logits(self._support(support))
-        return jax.nn.log_softmax(logits, axis=-1)
+        return _log_softmax(self._support_logits(self._support(support)))
 
     def log_prob_on_support(
         self, value: Int[ArrayLike, "*batch"], support: Int[ArrayLike, "*batch K"]
@@ -275,6 +278,14 @@ class TokenCategorical(distrax.Distribution, Replayable):
         positive = p > -jnp.inf
         terms = jnp.where(positive, jnp.exp(p) * (p - jnp.where(positive, q, 0.0)), 0.0)
         return terms.sum(-1) + _nan_rows(p) + _nan_rows(q)
+
+    def support_mass(self, support: Int[ArrayLike, "*batch K"]) -> Float[Array, "*batch"]:
+        """The probability that the untruncated distribution (temperature and mask
+        applied) puts on a stored support: what a ratio scored on the whole vocabulary
+        carries, ``exp(full_log_prob(t) - log_prob_on_support(t, support))`` for any
+        ``t`` of the support."""
+        logits = self._support_logits(self._support(support))
+        return jnp.exp(jax.nn.logsumexp(logits, axis=-1) - self._moments()[0])
 
     # The whole vocabulary.
 
@@ -382,7 +393,8 @@ class TokenCategorical(distrax.Distribution, Replayable):
         out = _streamed_moments(
             config, hidden, self._unembedding, self._bias, self._shared_mask(), row_mask, tokens
         )
-        return tuple(self._unflatten(a) for a in out)
+        log_normaliser, mean, logit = cast(tuple[Array, Array, Array], out)
+        return self._unflatten(log_normaliser), self._unflatten(mean), self._unflatten(logit)
 
     # Tile programs.
 
@@ -521,17 +533,21 @@ def _log_normaliser(carry) -> Array:
 
 
 def _fold_blocks(vocab: int, size: int, logits_of, fold, init):
-    """``fold`` over the full blocks of ``size`` tokens (a scan), then the remainder."""
+    """``fold(carry, logits_of(start, size), start, index)`` over the full blocks of
+    ``size`` tokens (a scan), then over the remainder (``logits_of`` None: ``fold(carry,
+    None, start, size)``, for a fold that computes its own)."""
     full = vocab // size
 
+    def step(carry, start, width, index):
+        logits = None if logits_of is None else logits_of(start, width)
+        return fold(carry, logits, start, index if logits_of is not None else width)
+
     def body(carry, index):
-        start = index * size
-        return fold(carry, logits_of(start, size), start, index), None
+        return step(carry, index * size, size, index), None
 
     carry, _ = jax.lax.scan(body, init, jnp.arange(full, dtype=jnp.int32))
     if vocab % size:
-        start = full * size
-        carry = fold(carry, logits_of(start, vocab - start), start, jnp.int32(full))
+        carry = step(carry, full * size, vocab - full * size, jnp.int32(full))
     return carry
 
 
@@ -563,8 +579,9 @@ def _gathered_logits(dist: TokenCategorical, hidden, ids, row_allowed):
         logits = logits + dist._bias[safe].astype(dtype)
     logits = logits / jnp.asarray(dist._temperature, dtype)
     allowed = ids != PAD
-    if dist._shared_mask() is not None:
-        allowed &= dist._shared_mask()[safe]
+    shared_mask = dist._shared_mask()
+    if shared_mask is not None:
+        allowed &= shared_mask[safe]
     if row_allowed is not None:
         allowed &= row_allowed
     return jnp.where(allowed, logits, -jnp.inf)
@@ -607,52 +624,59 @@ def _moments_forward(config, hidden, unembedding, bias, shared_mask, row_mask, t
 
 
 def _moments_backward(config, residuals, cotangents):
+    """The gradients, block by block of the vocabulary (outermost) and tile by tile of
+    rows: each block's unembedding gradient is summed over the tiles and written once,
+    so nothing of the unembedding's size is held in float32. A row's hidden-state
+    gradient sums its blocks in the same order whatever the batch."""
     block, temperature, dtype = config
     hidden, unembedding, bias, shared_mask, row_mask, tokens, out = residuals
     n, vocab = hidden.shape[0], unembedding.shape[1]
     # bfloat16 weights: the products take bfloat16 operands and accumulate in float32,
     # as the forward's do.
     operands = jnp.result_type(hidden, unembedding)
-    tiles = _tiled(block[0], hidden, row_mask, tokens, *out[:2], *cotangents)
+    # Padding rows get a log-normaliser of +inf, so probabilities of 0 (not exp of
+    # whatever their logits are, which overflows at small temperatures).
+    log_normaliser = jnp.pad(out[0], (0, -n % block[0]), constant_values=jnp.inf)
+    tiles = _tiled(block[0], hidden, row_mask, tokens, log_normaliser, out[1], *cotangents)
+    count = -(-n // block[0])  # tiles
 
-    def one(d_weights, tile):
-        h, m, token, log_normaliser, mean, g_z, g_m, g_t = tile
-        logits_of = functools.partial(
-            _block_logits, (temperature, dtype), h, unembedding, bias, shared_mask, m
-        )
+    def block_gradients(carry, _, start, size):
+        d_hidden, d_w, d_b = carry
+        weights = jax.lax.dynamic_slice_in_dim(unembedding, start, size, axis=1)
 
-        def fold(carry, logits, start, index):
-            d_hidden, d_w, d_b = carry
-            size = logits.shape[-1]
+        def tile_step(block_carry, tile_and_index):
+            d_w_block, d_b_block, d_hidden = block_carry
+            (h, m, token, log_normaliser, mean, g_z, g_m, g_t), index = tile_and_index
+            logits = _block_logits(
+                (temperature, dtype), h, unembedding, bias, shared_mask, m, start, size
+            )
             probs = jnp.exp(logits - log_normaliser[:, None])
             finite = jnp.where(probs > 0, logits, 0.0)
             d_logits = probs * (g_z[:, None] + g_m[:, None] * (1.0 + finite - mean[:, None]))
             d_logits = jnp.where(probs > 0, d_logits, 0.0)
             hit = _hits(token, start, size) & (logits > -jnp.inf)
             d_logits = (d_logits + jnp.where(hit, g_t[:, None], 0.0)) / temperature
-            weights = jax.lax.dynamic_slice_in_dim(unembedding, start, size, axis=1)
             low = d_logits.astype(operands)
-            d_hidden = d_hidden + jnp.dot(
-                low, weights.T.astype(operands), preferred_element_type=dtype
-            )
-            block_w = jnp.dot(h.T.astype(operands), low, preferred_element_type=dtype)
-            d_w = jax.lax.dynamic_update_slice_in_dim(
-                d_w, jax.lax.dynamic_slice_in_dim(d_w, start, size, 1) + block_w, start, 1
-            )
-            d_b = jax.lax.dynamic_update_slice_in_dim(
-                d_b, jax.lax.dynamic_slice_in_dim(d_b, start, size) + d_logits.sum(0), start, 0
-            )
-            return d_hidden, d_w, d_b
+            rows = jax.lax.dynamic_index_in_dim(d_hidden, index, keepdims=False)
+            rows = rows + jnp.dot(low, weights.T.astype(operands), preferred_element_type=dtype)
+            d_hidden = jax.lax.dynamic_update_index_in_dim(d_hidden, rows, index, 0)
+            d_w_block = d_w_block + jnp.dot(h.T.astype(operands), low, preferred_element_type=dtype)
+            return (d_w_block, d_b_block + d_logits.sum(0), d_hidden), None
 
-        init = (jnp.zeros(h.shape, dtype), *d_weights)
-        d_hidden, d_w, d_b = _fold_blocks(vocab, block[1], logits_of, fold, init)
-        return (d_w, d_b), d_hidden
+        init = (jnp.zeros((hidden.shape[1], size), dtype), jnp.zeros(size, dtype), d_hidden)
+        indices = jnp.arange(count)
+        (d_w_block, d_b_block, d_hidden), _ = jax.lax.scan(tile_step, init, (tiles, indices))
+        d_w = jax.lax.dynamic_update_slice_in_dim(d_w, d_w_block.astype(d_w.dtype), start, 1)
+        d_b = jax.lax.dynamic_update_slice_in_dim(d_b, d_b_block, start, 0)
+        return d_hidden, d_w, d_b
 
-    init = (jnp.zeros(unembedding.shape, dtype), jnp.zeros((vocab,), dtype))
-    (d_w, d_b), d_hidden = jax.lax.scan(one, init, tiles)
+    d_hidden = jnp.zeros((count, block[0], hidden.shape[1]), dtype)
+    init = (d_hidden, jnp.zeros(unembedding.shape, unembedding.dtype), jnp.zeros(vocab, dtype))
+    carry = _fold_blocks(vocab, block[1], None, block_gradients, init)
+    d_hidden, d_w, d_b = carry
     d_hidden = d_hidden.reshape(-1, hidden.shape[-1])[:n].astype(hidden.dtype)
     d_bias = None if bias is None else d_b.astype(bias.dtype)
-    return d_hidden, d_w.astype(unembedding.dtype), d_bias, None, None, None
+    return d_hidden, d_w, d_bias, None, None, None
 
 
 _streamed_moments.defvjp(_moments_forward, _moments_backward)
@@ -676,6 +700,31 @@ def _tiled(rows: int, *arrays):
         return a.reshape(-1, rows, *a.shape[1:])
 
     return tuple(one(a) for a in arrays)
+
+
+@jax.custom_vjp
+def _log_softmax(logits: Array) -> Array:
+    """``jax.nn.log_softmax`` over the last axis, differentiated from its output: the
+    forward pass is the same arithmetic whether or not a gradient is taken, so a loss
+    program rounds it as the rollout did."""
+    return _log_softmax_forward(logits)[0]
+
+
+def _log_softmax_forward(logits):
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shifted = logits - jnp.where(jnp.isfinite(top), top, 0.0)
+    log_probs = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+    return log_probs, log_probs
+
+
+def _log_softmax_backward(log_probs, cotangent):
+    # Padding and forbidden tokens (-inf) pass no gradient; a token whose probability
+    # underflows to 0 still does (d log p / d logit = 1 - p).
+    safe = jnp.where(log_probs > -jnp.inf, cotangent, 0.0)
+    return (safe - jnp.exp(log_probs) * jnp.sum(safe, axis=-1, keepdims=True),)
+
+
+_log_softmax.defvjp(_log_softmax_forward, _log_softmax_backward)
 
 
 def _better(carry, value, token):

@@ -27,10 +27,13 @@ Install them with ``pip install 'samplers[examples]'``; each is a module run as
 - ``two_peaks``: SAC on a one-step bandit with two good actions, whose best
   maximum-entropy policy takes both: a ``FlowSampler`` with spline layers against a
   ``NormalTanhSampler``.
+- ``grpo``: GRPO on a tiny transformer that learns to reverse digits, each token
+  drawn from a ``TokenCategorical`` with top-p and replayed on its stored support.
 - ``linen_actor``: a ``flax.linen`` MLP that returns a ``samplers.SquashedNormal``,
   trained with SAC's actor loss under ``jax.jit``; it uses no head.
 
 Every head derives from ``ActionSampler``. ``StateIndependentSampler``,
-``MultiDiscreteSampler``, ``MultiBinarySampler``, ``ParameterizedSampler`` and
-``DistributionSampler`` have no example program; the guides show them.
+``MultiDiscreteSampler``, ``MultiBinarySampler``, ``ParameterizedSampler``,
+``TokenSampler`` and ``DistributionSampler`` have no example program; the guides show
+them.
 """

@@ -21,6 +21,7 @@ from samplers.heads.squashed_normal import (
     SquashedNormalSampler,
     StateIndependentSampler,
 )
+from samplers.heads.tokens import TokenSampler
 
 __all__ = [
     "ActionSampler",
@@ -39,6 +40,7 @@ __all__ = [
     "StateIndependentSampler",
     "StatefulModule",
     "StatefulModuleOutput",
+    "TokenSampler",
     "functional",
     "head_for",
 ]

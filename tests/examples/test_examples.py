@@ -52,7 +52,7 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     modules = {path.name for path in (where / "samplers" / "examples").glob("*.py")}
     expected = {"__init__.py", "_common.py", "pendulum.py", "pendulum_sac.py", "linen_actor.py"}
     expected |= {"_ppo.py", "cartpole.py", "tictactoe.py", "hybrid.py", "correlated.py"}
-    expected |= {"units.py"}
+    expected |= {"units.py", "grpo.py"}
     assert expected <= modules
 
 
@@ -68,6 +68,7 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
         "correlated",
         "units",
         "two_peaks",
+        "grpo",
     ],
 )
 def test_each_example_runs_as_a_module(module):
