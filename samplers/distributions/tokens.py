@@ -24,7 +24,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from samplers import _checks
 from samplers.distributions import _pre_images
-from samplers.distributions.replay import Replayable
+from samplers.distributions.replay import Replayable, integer_seed
 
 PAD = -1  # the id that pads a stored support
 
@@ -171,7 +171,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
         return self._max_kept
 
     def _sample_n(self, key: PRNGKeyArray, n: int) -> Array:
-        keys = jax.random.split(key, n)
+        keys = jax.random.split(integer_seed(key), n)
         draw = jax.vmap(lambda k: _token(self.sample_replay_data(seed=k)))
         return draw(keys)
 
@@ -351,7 +351,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
         n = int(np.prod(self.batch_shape))
         if seed is None:
             return jax.random.split(jax.random.key(0), n)
-        seed = _integer_key(seed)
+        seed = integer_seed(seed)
         if jnp.ndim(seed) == 0:
             return jax.vmap(lambda i: jax.random.fold_in(seed, i))(jnp.arange(n))
         _pre_images.check_keys(seed, self.batch_shape)
@@ -751,12 +751,6 @@ def _entropy(log_probs: Array) -> Array:
 def _nan_rows(log_probs: Array) -> Array:
     """0, or NaN for a row with no token of positive probability."""
     return jnp.where(jnp.any(log_probs > -jnp.inf, axis=-1), 0.0, jnp.nan)
-
-
-def _integer_key(seed):
-    if isinstance(seed, (int, np.integer)):
-        return jax.random.key(int(seed))
-    return seed
 
 
 def support_from_kept_ids(

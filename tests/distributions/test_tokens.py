@@ -922,9 +922,22 @@ def test_the_first_ratio_is_exactly_one_in_a_program_that_differentiates_it():
         ratio = jnp.exp(dist.replay(data)[1] - stored)
         return jnp.mean(ratio * jnp.linspace(-1.0, 1.0, rows)), ratio
 
-    for seed in range(4):
+    for seed in range(2):
         _, data, stored = rollout(hidden, unembedding, jax.random.key(seed))
         step = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))
         (_, ratio), grads = step(hidden, unembedding, data, stored)
         assert np.all(np.asarray(ratio) == 1.0), np.max(np.abs(np.asarray(ratio) - 1.0))
         assert all(np.all(np.isfinite(g)) for g in grads)
+
+
+@pytest.mark.slow
+def test_distrax_seeds_an_integer_a_raw_key_and_a_typed_key_draw_alike():
+    dist = samplers.TokenCategorical(
+        jax.random.normal(jax.random.key(0), (3, 4)), jnp.ones((4, 9)), top_k=2, max_kept=4
+    )
+    typed = dist.sample(seed=jax.random.key(5))
+    np.testing.assert_array_equal(dist.sample(seed=5), typed)
+    np.testing.assert_array_equal(dist.sample(seed=jax.random.PRNGKey(5)), typed)
+    assert dist.sample(seed=5, sample_shape=(2,)).shape == (2, 3)
+    raw = dist.sample_with_replay(seed=jax.random.PRNGKey(1))[0]
+    np.testing.assert_array_equal(raw, dist.sample_with_replay(seed=jax.random.key(1))[0])

@@ -22,6 +22,7 @@ def test_the_reward_is_the_fraction_of_digits_reversed_and_advantages_are_per_gr
     )
 
 
+@pytest.mark.slow
 def test_a_tiny_run_replays_the_rollout_exactly_and_scores_the_kept_mass_on_the_vocabulary():
     result = grpo.train(TINY)
     # Before the first step the weights are the rollout's: the replay gives its bits.

@@ -13,7 +13,7 @@ from flax import nnx
 from scipy import special
 
 import samplers
-from tests._tiers import SLOW
+from tests._tiers import SLOW, slow
 
 V, D, N, K = 61, 8, 12, 16
 BLOCK = (4, 16)  # tiles of 4 tokens, vocabulary blocks of 16 (the last one of 13)
@@ -162,7 +162,7 @@ def _ppo(log_likelihood, old, advantage, regularization):
     return -jnp.mean(surrogate) + jnp.mean(regularization)
 
 
-@pytest.mark.parametrize("truncation", ["full", "top_p"])
+@pytest.mark.parametrize("truncation", [slow("full", id="full"), "top_p"])
 def test_the_ppo_loss_and_its_gradient_are_those_of_the_distribution(truncation):
     """The first PPO ratio is exactly 1; after an update, the loss and its gradient
     w.r.t. the hidden states, the unembedding and the bias are TokenCategorical's."""
@@ -183,7 +183,7 @@ def test_the_ppo_loss_and_its_gradient_are_those_of_the_distribution(truncation)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("truncation", ["full", "top_p"])
+@pytest.mark.parametrize("truncation", [slow("full", id="full"), "top_p"])
 def test_eval_takes_the_greedy_token_and_draws_no_key(truncation):
     options = TRUNCATIONS[truncation]
     head = _head(**options)
@@ -199,7 +199,7 @@ def test_eval_takes_the_greedy_token_and_draws_no_key(truncation):
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
 
 
-@pytest.mark.parametrize("truncation", ["full", "top_p"])
+@pytest.mark.parametrize("truncation", ["full", slow("top_p", id="top_p")])
 def test_a_forbidden_token_is_never_sampled_and_scores_minus_inf(truncation):
     head = _head(**TRUNCATIONS[truncation])
     hidden, unembedding = _inputs(seed=3)
@@ -220,6 +220,7 @@ def test_a_forbidden_token_is_never_sampled_and_scores_minus_inf(truncation):
     assert np.all(np.isfinite(log_likelihood[1::2]))
 
 
+@pytest.mark.slow
 def test_a_sub_batch_with_its_keys_samples_the_same_tokens_bit_for_bit():
     head = _head(top_p=0.8, per_env_streams=True)
     hidden, unembedding = _inputs(seed=4)
@@ -237,7 +238,9 @@ def test_a_sub_batch_with_its_keys_samples_the_same_tokens_bit_for_bit():
     assert np.any(np.asarray(later.output["action"]) != np.asarray(whole.output["action"]))
 
 
-@pytest.mark.parametrize("per_env_streams", [False, True], ids=["shared-stream", "per-env"])
+@pytest.mark.parametrize(
+    "per_env_streams", [pytest.param(False, id="shared-stream"), slow(True, id="per-env")]
+)
 def test_a_replay_draws_no_key(per_env_streams):
     head = _head(top_p=0.8, per_env_streams=per_env_streams)
     inputs, mask = _inputs(seed=5), _mask(seed=5)
