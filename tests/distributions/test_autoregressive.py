@@ -226,6 +226,7 @@ def test_a_forbidden_prefix_whose_next_row_is_empty_scores_minus_inf_not_nan():
     assert all(np.all(np.isfinite(h)) for h in entropies.values())
 
 
+@pytest.mark.slow
 def test_a_sample_replays_bit_for_bit_teacher_forced_in_another_program():
     params = _params(4)
     action, data, log_prob = jax.jit(lambda p, k: _distribution(p).sample_with_replay(seed=k))(

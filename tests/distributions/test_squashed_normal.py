@@ -766,6 +766,7 @@ def test_entropy_has_forward_mode_and_second_derivatives_in_each_rule():
             np.testing.assert_allclose(got, central, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_entropy_in_a_ppo_loss_written_against_distrax():
     # A PPO loss calls dist.entropy() as it would on any distrax distribution.
     keys = jax.random.split(jax.random.key(11), 3)

@@ -395,6 +395,7 @@ def _ppo_step(model, obs, mask):
     return grads, ratio, out
 
 
+@pytest.mark.slow
 def test_a_ppo_loss_through_a_network_reaches_every_part_and_spares_masked_columns():
     rngs = nnx.Rngs(0)
     # Three discrete actions: 0 with two bounded parameters, 1 with a choice of 2, 2 with

@@ -374,6 +374,7 @@ def test_a_part_s_actions_do_not_change_when_another_part_is_added_to_the_space(
         np.testing.assert_array_equal(more.output["action"][name], out.output["action"][name])
 
 
+@pytest.mark.slow
 def test_options_reach_the_parts_that_take_them_and_an_explicit_entropy_is_kept():
     space = gym.Dict(
         {"a": gym.Discrete(3), "b": gym.Box(-1.0, 1.0, (2,)), "c": gym.Box(-np.inf, np.inf, (1,))}

@@ -173,6 +173,7 @@ def test_saturated_replay_is_finite_with_finite_gradients(z):
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
 
 
+@pytest.mark.slow
 def test_value_and_grad_through_a_policy_network():
     class Policy(nnx.Module):
         def __init__(self, rngs):

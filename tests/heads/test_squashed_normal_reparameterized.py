@@ -361,6 +361,7 @@ def test_state_independent_log_std_gets_the_pathwise_gradient():
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_nnx_scan_over_steps_gives_the_python_loop_gradient():
     sequence = 1.5 * jax.random.normal(jax.random.key(2), (5, 4, 2 * A))  # [T, B, 2A]
 
