@@ -1,3 +1,4 @@
+import gc
 import os
 
 import jax
@@ -15,6 +16,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Implicit rank promotion hides shape bugs; the test session refuses it.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Releases a test module's compiled programs when it ends. A worker that runs many
+    modules would otherwise keep every program's machine code mapped, and once the
+    process reaches the kernel's limit on memory mappings (vm.max_map_count, 65530
+    here; the slow tier passed 15,000 within two modules) compiling crashes."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.hookimpl(tryfirst=True)
