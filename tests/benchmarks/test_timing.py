@@ -128,3 +128,52 @@ def test_only_times_the_named_implementations_beside_the_reference():
     # A table that times none of the named implementations is timed whole.
     others = {name: (jax.jit(_step), args) for name in ("x", "y")}
     assert list(timing.interleaved(others, rounds=1, round_seconds=0.001)) == ["x", "y"]
+
+
+def test_combine_joins_runs_and_a_later_runs_cell_replaces_an_earlier_ones(tmp_path):
+    from benchmarks import combine
+
+    def cell(batch, implementation, ratio):
+        return {
+            "workload": "loss",
+            "case": "Box(1)",
+            "batch": batch,
+            "implementation": implementation,
+            "seconds": 1e-5 * ratio,
+            "ratio": ratio,
+            "low": ratio,
+            "high": ratio,
+            "floor_share": 0.5 / ratio,
+            "bandwidth_seconds": 2e-6,
+        }
+
+    first = {"timings": [cell(8, "handwritten", 1.0), cell(8, "samplers", 0.9)]}
+    second = {
+        "command": "python -m benchmarks --beta --batches 8,16",
+        "timings": [
+            cell(8, "samplers", 0.7),
+            cell(16, "handwritten", 1.0),
+            cell(16, "samplers", 1.2),
+        ],
+    }
+    paths = []
+    for number, record in enumerate((first, second)):
+        paths.append(tmp_path / f"run{number}.json")
+        paths[-1].write_text(json.dumps(record))
+    combine.main([str(tmp_path / "joined"), *map(str, paths), "--title", "Joined"])
+    record = json.loads((tmp_path / "joined.json").read_text())
+    ratios = {(c["batch"], c["implementation"]): c["ratio"] for c in record["timings"]}
+    assert ratios == {
+        (8, "handwritten"): 1.0,
+        (8, "samplers"): 0.7,
+        (16, "handwritten"): 1.0,
+        (16, "samplers"): 1.2,
+    }
+    assert [run["batches"] for run in record["runs"]] == [[8], [8, 16]]
+    text = (tmp_path / "joined.md").read_text()
+    assert "| Box(1) | 8 | 10.0 (50%) | 0.70 (0.70-0.70); 71% | - | - |" in text
+    assert "| Box(1) | 16 | 10.0 (50%) | 1.20 (1.20-1.20); 42% | - | - |" in text
+    assert (
+        "B = 8: a run stopped at its time limit" in text
+        and "`python -m benchmarks --beta --batches 8,16`" in text
+    )
