@@ -18,15 +18,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+def _memory_mappings():
+    """How many memory mappings this process holds, and the kernel's limit on them
+    (Linux; elsewhere ``(0, None)``)."""
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except OSError:
+        return 0, None
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Releases a test module's compiled programs when it ends. A worker that runs many
-    modules would otherwise keep every program's machine code mapped, and once the
-    process reaches the kernel's limit on memory mappings (vm.max_map_count, 65530
-    here; the slow tier passed 15,000 within two modules) compiling crashes."""
+    """Releases the compiled programs when a test module ends with the process past half
+    the kernel's limit on memory mappings (vm.max_map_count, 65530 here). Each compiled
+    CPU program keeps its machine code mapped: a worker held about 20,000 mappings after
+    its half of the default tier, the slow tier adds more, and past the limit compiling
+    crashes. Below half of it the programs stay (releasing them after every module cost
+    about 20 s of the default tier's time)."""
     yield
-    jax.clear_caches()
-    gc.collect()
+    mappings, limit = _memory_mappings()
+    if limit is not None and mappings > limit // 2:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.hookimpl(tryfirst=True)

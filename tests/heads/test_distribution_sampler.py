@@ -68,6 +68,7 @@ def test_categorical_gradient_reaches_the_logits():
     assert jnp.all(jnp.isfinite(grad)) and jnp.any(grad != 0)
 
 
+@pytest.mark.slow  # BetaSampler's tests score a Beta head in the default tier
 def test_beta_actions_are_in_the_unit_interval_and_score_as_the_beta_density():
     head = samplers.DistributionSampler(nnx.Rngs(0), 0.01, _beta)
     params = jax.random.normal(jax.random.key(5), (64, 4))

@@ -44,7 +44,7 @@ def _params(head, seed=0, scale=3.0):
         ),
         slow(gym.Box(-np.inf, np.inf, (2,)), samplers.SquashedNormalSampler, 4, id="unbounded-box"),
         slow(gym.Discrete(5), samplers.CategoricalSampler, 5, id="discrete"),
-        pytest.param(gym.MultiDiscrete([3, 1, 4]), samplers.MultiDiscreteSampler, 8, id="md"),
+        slow(gym.MultiDiscrete([3, 1, 4]), samplers.MultiDiscreteSampler, 8, id="md"),
         slow(gym.MultiBinary(6), samplers.MultiBinarySampler, 6, id="multi-binary"),
     ],
 )

@@ -588,6 +588,7 @@ def _tree_equal(a, b, rtol=0.0):
             np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * 1e-2)
 
 
+@pytest.mark.slow  # the default tier draws and replays per-environment streams elsewhere
 @pytest.mark.parametrize("jitted", JIT_MODES)
 def test_per_env_streams_do_not_depend_on_how_the_batch_is_split(jitted):
     head = _per_env()
