@@ -1,18 +1,21 @@
 """The README: its Python examples run as written, and it stays a two-minute read.
 
-The examples run in order, in one namespace, in the default tier (the README says
-``python -m pytest`` runs them); the guides' examples are the slow tier's
+The examples run in order, in one namespace, in the slow tier (the README says
+``python -m pytest -m slow`` runs them), with the guides' examples
 (tests/docs/test_docs.py). Results tables live in the guides.
 """
 
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parents[2]
 README = ROOT / "README.md"
 MAX_LINES = 150
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert len(blocks) >= 3
