@@ -59,16 +59,22 @@ def markdown(record, title):
     names = list(
         dict.fromkeys(cell["implementation"] for cell in timings if cell["implementation"] != FLOOR)
     )
+    header = [
+        label,
+        "B",
+        f"{names[0]}, us per step (share of the floor)",
+        *names[1:],
+        "floor, us per step",
+        "bytes / bandwidth, us",
+    ]
     for workload in dict.fromkeys(cell["workload"] for cell in timings):
         rows = {}
         for cell in timings:
             if cell["workload"] == workload:
                 rows.setdefault((cell[label], cell["batch"]), {})[cell["implementation"]] = cell
-        ordered = sorted(
-            rows, key=lambda key: (list(dict.fromkeys(k[0] for k in rows)).index(key[0]), key[1])
-        )
+        cases = list(dict.fromkeys(case for case, _ in rows))
         body = []
-        for case, batch in ordered:
+        for case, batch in sorted(rows, key=lambda key: (cases.index(key[0]), key[1])):
             row = rows[case, batch]
             reference, floor = row.get(names[0]), row.get(FLOOR)
             body.append(
@@ -83,14 +89,6 @@ def markdown(record, title):
                     "-" if floor is None else f"{floor['bandwidth_seconds'] * 1e6:.1f}",
                 ]
             )
-        header = [
-            label,
-            "B",
-            f"{names[0]}, us per step (share of the floor)",
-            *names[1:],
-            "floor, us per step",
-            "bytes / bandwidth, us",
-        ]
         lines += ["", f"## {workload}", "", table(body, header)]
     return "\n".join(lines) + "\n"
 
