@@ -15,7 +15,10 @@ Two ways to time a step (:func:`set_timing`):
   step's inputs take in a scalar of the previous step's outputs (``x + 1e-30 s``,
   a data dependency that leaves the values as they are), so nothing is hoisted out
   of the loop or cached, and the previous outputs are the loop's carry, so each is
-  computed in full. The time of the same program with no steps (one call's
+  computed in full. Its PRNG keys have the step's index folded in, so each step
+  draws afresh, as a training loop's advancing key does: a sampler whose cost
+  depends on its draws (the Gamma's rejection loop under a Beta) is timed over
+  many draws, not one. The time of the same program with no steps (one call's
   dispatch and first step) is taken off. Beside the implementations, the same
   rounds time the **floor**: a step that only reads the reference's inputs and
   writes outputs of its outputs' sizes, in the same loop, next to the bytes it
@@ -186,18 +189,22 @@ def _arrays(tree):
     return [x for x in jax.tree.leaves(tree) if not _is_key(x)]
 
 
-def _depending(args, out):
-    """``args`` taking in a scalar of ``out`` without changing their values."""
+def _fold_in(keys, step):
+    """Every key of the key array ``keys``, any shape, with ``step`` folded in."""
+    flat = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys.reshape(-1), step)
+    return flat.reshape(keys.shape)
+
+
+def _depending(args, out, step):
+    """``args`` taking in a scalar of ``out`` without changing their values, and
+    their PRNG keys with the loop's ``step`` folded in (fresh draws each step)."""
     s = sum(jnp.ravel(x)[0].astype(jnp.float32) for x in _arrays(out) if x.size)
     never = s > 3e38  # false for every output a step gives, which XLA cannot know
 
     def depend(x):
         x = jnp.asarray(x)
         if _is_key(x):
-            data = jax.random.key_data(x)
-            return jax.random.wrap_key_data(
-                data | never.astype(data.dtype), impl=jax.random.key_impl(x)
-            )
+            return _fold_in(x, step)
         if jnp.issubdtype(x.dtype, jnp.inexact):
             return x + (1e-30 * s).astype(x.dtype)
         if x.dtype == jnp.bool_:
@@ -209,10 +216,10 @@ def _depending(args, out):
 
 def _looped(fn):
     """``run(steps, *args)``: ``fn`` applied ``steps + 1`` times in one program, each
-    step's inputs depending on the previous step's outputs."""
+    step's inputs depending on the previous step's outputs and its random draws fresh."""
 
     def run(steps, *args):
-        return jax.lax.fori_loop(0, steps, lambda _, out: fn(*_depending(args, out)), fn(*args))
+        return jax.lax.fori_loop(0, steps, lambda i, out: fn(*_depending(args, out, i)), fn(*args))
 
     return jax.jit(run)
 

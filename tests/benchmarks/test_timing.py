@@ -36,12 +36,30 @@ def _inputs():
 
 
 @pytest.mark.parametrize("steps", [0, 1, 5])
-def test_each_step_in_the_loop_computes_what_one_call_computes(steps):
-    args = _inputs()
-    value, key = timing._looped(jax.jit(_step))(steps, *args)
-    expected, expected_key = jax.jit(_step)(*args)
+def test_each_step_in_the_loop_computes_what_one_call_computes_with_its_step_folded_in(steps):
+    # The loop's last step is step steps - 1 (the first call, before the loop,
+    # takes the key as given): one call with that step folded into the key.
+    x, mask, action, key = _inputs()
+    value, next_key = timing._looped(jax.jit(_step))(steps, x, mask, action, key)
+    step_key = key if steps == 0 else jax.random.fold_in(key, steps - 1)
+    expected, expected_key = jax.jit(_step)(x, mask, action, step_key)
     np.testing.assert_array_equal(value, expected)
-    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(expected_key))
+    np.testing.assert_array_equal(jax.random.key_data(next_key), jax.random.key_data(expected_key))
+    if steps:  # a fresh draw: not the first call's
+        first, _ = jax.jit(_step)(x, mask, action, key)
+        assert not np.array_equal(value, first)
+
+
+def test_a_key_array_has_the_step_folded_into_each_key():
+    keys = jax.random.split(jax.random.key(3), 6).reshape(2, 3)
+    folded = timing._fold_in(keys, jnp.int32(4))
+    assert folded.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_array_equal(
+                jax.random.key_data(folded[i, j]),
+                jax.random.key_data(jax.random.fold_in(keys[i, j], 4)),
+            )
 
 
 def test_the_floor_reads_every_input_and_writes_outputs_of_the_steps_sizes():
