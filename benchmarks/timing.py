@@ -16,13 +16,14 @@ Two ways to time a step (:func:`set_timing`):
   a data dependency that leaves the values as they are), so nothing is hoisted out
   of the loop or cached, and the previous outputs are the loop's carry, so each is
   computed in full. Its PRNG keys have the step's index folded in, so each step
-  draws afresh, as a training loop's advancing key does: a sampler whose cost
-  depends on its draws (the Gamma's rejection loop under a Beta) is timed over
-  many draws, not one. The time of the same program with no steps (one call's
-  dispatch and first step) is taken off. Beside the implementations, the same
-  rounds time the **floor**: a step that only reads the reference's inputs and
-  writes outputs of its outputs' sizes, in the same loop, next to the bytes it
-  moves over the device's memory bandwidth. The looped programs' compiled memory
+  draws afresh, as a training loop's advancing key does, and a round runs at
+  least 16 steps: a sampler whose cost depends on its draws (the Gamma's
+  rejection loop under a Beta, which runs until the batch's slowest element is
+  done) is timed over many draws, not one. The time of the same program with no
+  steps (one call's dispatch and first step) is taken off. Beside the
+  implementations, the same rounds time the **floor**: a step that only reads the
+  reference's inputs and writes outputs of its outputs' sizes, in the same loop,
+  next to the bytes it moves over the device's memory bandwidth. The looped programs' compiled memory
   (XLA's temporaries plus outputs) is reported too.
 """
 
@@ -81,6 +82,7 @@ FLOOR = "floor (reads the inputs, writes the outputs)"
 # The memory bandwidth of the device kinds measured here, terabytes per second.
 BANDWIDTH_TBS = {"TPU v5 lite": 0.819}
 _MAX_STEPS = 1 << 20
+_MIN_STEPS = 16  # in the loop: a step's draws vary its cost (a rejection loop's)
 
 
 class _Timing(NamedTuple):
@@ -277,7 +279,7 @@ def _interleaved_in_loop(fns, rounds, round_seconds):
     while steps < _MAX_STEPS and seconds(reference, steps) < round_seconds / 4:
         steps *= 4
     per_step = max(seconds(reference, steps) - programs[reference][2][0], 1e-9) / steps
-    steps = int(min(max(steps, round_seconds / per_step), _MAX_STEPS))
+    steps = int(min(max(steps, round_seconds / per_step, _MIN_STEPS), _MAX_STEPS))
 
     def timer(name):
         return lambda: max(seconds(name, steps) - programs[name][2][0], 0.0) / steps
