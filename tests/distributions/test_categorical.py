@@ -109,11 +109,47 @@ def test_a_row_without_an_allowed_action_is_nan_and_gives_action_zero():
     assert int(distrax.Categorical(masked[NO_ACTION]).sample(seed=jax.random.key(0))) == -1
 
 
-def test_an_allowed_nan_or_plus_infinite_logit_makes_its_row_nan():
-    dist = samplers.MaskedCategorical(jnp.array([[0.0, jnp.nan, 1.0], [0.0, jnp.inf, 1.0]]))
-    assert np.all(np.isnan(np.asarray(dist.logits))) and np.all(np.isnan(dist.entropy()))
-    assert np.all(np.asarray(dist.mode()) == 0)
-    assert np.all(np.asarray(dist.sample(seed=jax.random.key(0), sample_shape=50)) == 0)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, slow(jnp.float64)])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_an_allowed_nan_or_plus_infinite_logit_makes_its_row_nan(dtype, compiled):
+    # Wherever the allowed NaN or +inf is (the first entry, the last, beside -inf),
+    # or where no action is allowed, the whole row is NaN: the sample and the mode
+    # give 0, every score and the entropy are NaN. A masked NaN does not count: the
+    # last row keeps its distribution over actions 1 and 3.
+    inf, nan = jnp.inf, jnp.nan
+    logits = [
+        [0.0, nan, 1.0, 2.0],
+        [0.0, inf, 1.0, 2.0],
+        [inf, 0.0, 1.0, 2.0],
+        [-inf, 0.0, 1.0, inf],
+        [-inf, -inf, inf, inf],
+        [0.0, 1.0, 2.0, nan],
+        [0.0, 0.0, 0.0, 0.0],
+        [nan, 5.0, -inf, 4.0],
+    ]
+    mask = np.ones((8, 4), bool)
+    mask[6] = False  # no allowed action
+    mask[7, 0] = False  # the NaN masked
+
+    def outputs(logits, mask):
+        dist = samplers.MaskedCategorical(logits, mask)
+        scores = dist.log_prob(jnp.arange(4)[:, None])  # [action, row]
+        samples = dist.sample(seed=jax.random.key(0), sample_shape=64)
+        return dist.logits, scores, dist.entropy(), dist.mode(), samples
+
+    with jax.enable_x64(dtype == jnp.float64):
+        run = jax.jit(outputs) if compiled else outputs
+        got = run(jnp.array(logits, dtype), jnp.asarray(mask))
+        normalised, scores, entropy, mode, samples = (np.asarray(x, np.float64) for x in got)
+    assert np.all(np.isnan(normalised[:7])) and not np.any(np.isnan(normalised[7]))
+    assert np.all(np.isnan(scores[:, :7])) and np.all(np.isnan(entropy[:7]))
+    assert np.all(mode[:7] == 0) and np.all(samples[:, :7] == 0)
+    p = np.exp([5.0, 4.0]) / np.sum(np.exp([5.0, 4.0]))
+    np.testing.assert_allclose(
+        scores[:, 7], [-np.inf, np.log(p[0]), -np.inf, np.log(p[1])], rtol=1e-6
+    )
+    np.testing.assert_allclose(entropy[7], -np.sum(p * np.log(p)), rtol=1e-6)
+    assert mode[7] == 1 and set(samples[:, 7]) == {1.0, 3.0}
 
 
 def test_a_value_that_is_no_action_index_scores_nan_and_one_outside_the_range_minus_inf():
