@@ -5,6 +5,9 @@ separate runs; this joins their cells into one ``NAME.json`` and ``NAME.md``::
 
     python -m benchmarks.combine benchmarks/results/tpu-beta a/tpu-beta.json b/tpu-beta.partial.json
 
+A run given as ``PATH:rollout`` (workloads, comma-separated) brings only those
+workloads' cells; a joined report given as a run brings its runs and cells.
+
 A cell (workload, case, batch, implementation) timed in more than one run is taken from
 the last run given. The Markdown has one table per workload, as the suites write them in
 the loop: the reference's time per step, each implementation's ratio to it (min-max
@@ -23,14 +26,28 @@ _KEYS = ("workload", "case", "head", "batch", "implementation")
 
 
 def combine(paths):
-    """The record of the runs in ``paths``: ``{"runs": [headers], "timings": [cells]}``."""
+    """The record of the runs in ``paths``: ``{"runs": [headers], "timings": [cells]}``.
+
+    A path may end in ``:WORKLOAD,...`` to take only those workloads' cells from that
+    run (its header then lists them); a joined report given as a run brings its own
+    runs along.
+    """
     runs, cells = [], {}
-    for path in paths:
+    for argument in paths:
+        path, _, selected = str(argument).partition(":")
         record = json.loads(Path(path).read_text())
-        header = {key: value for key, value in record.items() if key != "timings"}
-        batches = sorted({cell["batch"] for cell in record["timings"]})
-        runs.append({"file": Path(path).name, "batches": batches, **header})
-        for cell in record["timings"]:
+        workloads = selected.split(",") if selected else None
+        timings = [
+            cell for cell in record["timings"] if workloads is None or cell["workload"] in workloads
+        ]
+        if "runs" in record:
+            runs += record["runs"]
+        else:
+            header = {key: value for key, value in record.items() if key != "timings"}
+            batches = sorted({cell["batch"] for cell in timings})
+            selection = {} if workloads is None else {"workloads": workloads}
+            runs.append({"file": Path(path).name, "batches": batches, **selection, **header})
+        for cell in timings:
             cells[tuple(cell.get(key) for key in _KEYS)] = cell
     return {"runs": runs, "timings": list(cells.values())}
 
@@ -53,7 +70,8 @@ def markdown(record, title):
             f"`{command}`" if command else "a run stopped at its time limit, the cells it had timed"
         )
         where = "".join(f", {run[key]}" for key in ("device_kind", "samplers") if key in run)
-        lines.append(f"- B = {', '.join(map(str, run['batches']))}: {what}{where}")
+        only = f" ({', '.join(run['workloads'])} only)" if "workloads" in run else ""
+        lines.append(f"- B = {', '.join(map(str, run['batches']))}{only}: {what}{where}")
     timings = record["timings"]
     label = "head" if any("head" in cell for cell in timings) else "case"
     names = list(
@@ -100,7 +118,9 @@ def main(argv=None):
     parser.add_argument(
         "name", help="the report's path without its suffix, e.g. benchmarks/results/tpu-beta"
     )
-    parser.add_argument("runs", nargs="+", help="the runs' JSON files, earliest first")
+    parser.add_argument(
+        "runs", nargs="+", help="the runs' JSON files, earliest first (PATH:WORKLOAD,... for some)"
+    )
     parser.add_argument("--title", default="Timed in the loop, joined runs")
     args = parser.parse_args(argv)
     record = combine(args.runs)

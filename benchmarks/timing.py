@@ -23,8 +23,8 @@ Two ways to time a step (:func:`set_timing`):
   steps (one call's dispatch and first step) is taken off. Beside the
   implementations, the same rounds time the **floor**: a step that only reads the
   reference's inputs and writes outputs of its outputs' sizes, in the same loop,
-  next to the bytes it moves over the device's memory bandwidth. The looped programs' compiled memory
-  (XLA's temporaries plus outputs) is reported too.
+  next to the bytes it moves over the device's memory bandwidth. The looped
+  programs' compiled memory (XLA's temporaries plus outputs) is reported too.
 """
 
 import concurrent.futures

@@ -83,8 +83,9 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
         return jnp.exp(self.logits)
 
     def _sample_n(self, key, n: int) -> Array:
-        # A row without a distribution is NaN throughout (_defined_rows), and
-        # argmax, which the Gumbel draw takes, gives a NaN row's first index: 0.
+        # A row without a distribution is NaN throughout (its normaliser is NaN:
+        # jax.nn.log_softmax's rows are NaN everywhere or nowhere), and argmax,
+        # which the Gumbel draw takes, gives a NaN row's first index: 0.
         draws = jax.random.categorical(key, self.logits, shape=(n, *self.logits.shape[:-1]))
         return draws.astype(self._dtype)
 
@@ -146,7 +147,7 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
         inside = jnp.clip(index, 0, last).astype(jnp.int32)
         picked = jnp.take_along_axis(cumulative, inside[..., None], axis=-1)[..., 0]
         cdf = jnp.where(index < 0, 0.0, jnp.where(index >= last, 1.0, picked))
-        defined = jnp.broadcast_to(_defined_rows(self.logits), shape) & (index == index)
+        defined = jnp.broadcast_to(_has_distribution(self.logits), shape) & (index == index)
         return jnp.where(defined, cdf, jnp.nan)
 
     def log_cdf(self, value: ArrayLike) -> Float[Array, "*broadcast_batch"]:
@@ -171,7 +172,7 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
         positive = jnp.exp(self.logits) > 0
         log_probs = jnp.where(positive, self.logits, 0.0)
         probs = jnp.where(positive, jnp.exp(log_probs), 0.0)
-        nan = jnp.where(_defined_rows(self.logits), 0.0, jnp.nan)
+        nan = jnp.where(_has_distribution(self.logits), 0.0, jnp.nan)
         return nan - jnp.sum(probs * log_probs, axis=-1)
 
     def mode(self) -> Array:
@@ -183,7 +184,7 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
             >>> dist.mode()
             Array(0, dtype=int32)
         """
-        return jnp.argmax(self.logits, axis=-1).astype(self._dtype)  # 0 in a NaN row
+        return jnp.argmax(self.logits, axis=-1).astype(self._dtype)  # 0 in a NaN row (above)
 
     def __getitem__(self, index) -> "MaskedCategorical":
         """Indexes the batch (never the action axis), keeping the mask.
@@ -204,17 +205,6 @@ class MaskedCategorical(distrax.Categorical, ActionReplay):
 def _has_distribution(log_probs):
     """``[*batch]``: the rows whose log-probabilities are not NaN."""
     return ~jnp.any(jnp.isnan(log_probs), axis=-1)
-
-
-def _defined_rows(logits):
-    """``[*batch]``: the rows of a ``MaskedCategorical``'s logits that are not NaN.
-
-    Its logits are ``jax.nn.log_softmax``'s (distrax normalises them), which are NaN
-    in every entry of a row or in none: an allowed NaN or ``+inf``, or no allowed
-    action, makes the row's normaliser NaN. So the first entry tells, without a
-    reduction over the actions.
-    """
-    return ~jnp.isnan(logits[..., 0])
 
 
 def _kl_divergence(p, q, *_, **__) -> Array:

@@ -195,3 +195,42 @@ def test_combine_joins_runs_and_a_later_runs_cell_replaces_an_earlier_ones(tmp_p
         "B = 8: a run stopped at its time limit" in text
         and "`python -m benchmarks --beta --batches 8,16`" in text
     )
+
+
+def test_combine_takes_a_joined_report_and_some_workloads_of_a_run(tmp_path):
+    from benchmarks import combine
+
+    def cell(workload, batch, ratio):
+        return {
+            "workload": workload,
+            "case": "Box(1)",
+            "batch": batch,
+            "implementation": "samplers",
+            "seconds": 1e-5,
+            "ratio": ratio,
+            "low": ratio,
+            "high": ratio,
+            "floor_share": 0.5,
+            "bandwidth_seconds": 2e-6,
+        }
+
+    earlier = {"command": "first", "timings": [cell("rollout", 8, 1.1), cell("loss", 8, 0.9)]}
+    later = {"command": "second", "timings": [cell("rollout", 8, 0.8), cell("loss", 8, 1.3)]}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    combine.main([str(tmp_path / "joined"), str(tmp_path / "earlier.json")])
+    # The joined report, then the later run's rollout alone.
+    combine.main(
+        [
+            str(tmp_path / "again"),
+            str(tmp_path / "joined.json"),
+            f"{tmp_path / 'later.json'}:rollout",
+        ]
+    )
+    record = json.loads((tmp_path / "again.json").read_text())
+    ratios = {c["workload"]: c["ratio"] for c in record["timings"]}
+    assert ratios == {"rollout": 0.8, "loss": 0.9}
+    assert [run["command"] for run in record["runs"]] == ["first", "second"]
+    assert record["runs"][1]["workloads"] == ["rollout"]
+    text = (tmp_path / "again.md").read_text()
+    assert "- B = 8: `first`" in text and "- B = 8 (rollout only): `second`" in text
