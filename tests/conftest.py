@@ -1,5 +1,6 @@
 import gc
 import os
+from pathlib import Path
 
 import jax
 import pytest
@@ -16,6 +17,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Implicit rank promotion hides shape bugs; the test session refuses it.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# Compiled programs are kept on disk (JAX's persistent compilation cache) for every
+# process of the session and the next: a program the default tier compiled, the slow
+# tier loads, and so do the other xdist workers. No size limit: with one, every entry
+# written takes a lock and scans the folder (the default tier took 17 minutes, not 5).
+# An entry read while another worker writes it is torn; JAX then compiles the program
+# (pyproject.toml ignores its warning).
+jax.config.update("jax_compilation_cache_dir", str(Path(__file__).parents[1] / ".jax_cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _memory_mappings():

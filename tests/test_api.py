@@ -4,7 +4,9 @@ import math
 import pathlib
 import subprocess
 import sys
+import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -243,3 +245,13 @@ def test_deprecated_mode_pre_image_is_the_pre_image_the_mode_remembers():
     action = dist.mode()
     np.testing.assert_array_equal(action, dist.bijector.forward(pre_image))
     np.testing.assert_array_equal(dist.log_prob(action), dist.log_prob_from_pre_image(pre_image))
+
+
+def test_the_test_session_keeps_its_compiled_programs_in_the_projects_jax_cache():
+    # As the README says: .jax_cache/ holds what the session compiles.
+    folder = pathlib.Path(__file__).parents[1] / ".jax_cache"
+    assert jax.config.jax_compilation_cache_dir == str(folder)
+    before = set(folder.iterdir()) if folder.exists() else set()
+    unique = float(time.time_ns() % (1 << 24))  # a program no earlier run compiled
+    jax.jit(lambda x: x * unique + 1.0)(jnp.ones(3)).block_until_ready()
+    assert any(path.name.endswith("-cache") for path in set(folder.iterdir()) - before)

@@ -106,9 +106,11 @@ def test_the_timing_flag_puts_a_suite_in_the_loop_and_reports_the_floor(monkeypa
     assert not chosen["in_loop"]  # per call by default on the CPU
 
 
-def test_a_suite_in_the_loop_writes_the_floor_and_compiled_memory(tmp_path):
+def test_a_suite_in_the_loop_writes_the_floor_and_compiled_memory(monkeypatch, tmp_path):
     from benchmarks import beta
 
+    cases = beta.beta_cases()[:1]
+    monkeypatch.setattr(beta, "beta_cases", lambda: cases)
     timing.set_timing(in_loop=True)
     text = beta.run((8,), tmp_path, device=timing.select_device("cpu"), rounds=1)
     assert "Timed in the loop" in text and "floor, us per step" in text
