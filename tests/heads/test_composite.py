@@ -36,7 +36,7 @@ BOUNDED, TANH, IDENTITY = BoundedTanh(LOW, HIGH), Tanh(), distrax.Lambda(lambda 
 # The parts' sizes: a Categorical of 4 (4), a squashed Normal of 2 (4), 3 bits (3).
 SIZES = {"fire": 4, "aim": 4, "buttons": 3}
 # Eager by default, as most checks here; traced in the slow tier.
-EAGER_FIRST = [pytest.param(False, id="eager"), slow(True, id="nnx.jit")]
+EAGER_OR_JIT = [slow(False, id="eager"), pytest.param(True, id="nnx.jit")]
 
 
 def _fire(rngs, **options):
@@ -141,7 +141,7 @@ def _equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("jitted", EAGER_FIRST)
+@pytest.mark.parametrize("jitted", EAGER_OR_JIT)
 def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted):
     call = _call if jitted else _eager
     # The parts are built with another stream, which the composite does not use.
@@ -189,7 +189,7 @@ def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted
     assert np.all(np.asarray(out.output["action"]["buttons"])[:, 1] == 1)
 
 
-@pytest.mark.parametrize("jitted", EAGER_FIRST)
+@pytest.mark.parametrize("jitted", EAGER_OR_JIT)
 def test_replay_is_bit_for_bit_and_new_params_for_one_part_change_its_ratio_alone(jitted):
     call = _call if jitted else _eager
     head = CompositeSampler(_parts(nnx.Rngs(0)), rngs=nnx.Rngs(0))

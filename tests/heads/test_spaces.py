@@ -296,7 +296,7 @@ def _element(action, i):
 @pytest.mark.parametrize(
     "space, num_params, leaves, options",
     [
-        pytest.param(DICT, 4 + 4 + 3, {"fire": 4, "aim": 4, "buttons": 3}, SAMPLE, id="dict"),
+        slow(DICT, 4 + 4 + 3, {"fire": 4, "aim": 4, "buttons": 3}, SAMPLE, id="dict"),
         pytest.param(
             NESTED,
             8 + 8 + 3,
