@@ -150,30 +150,32 @@ def test_only_times_the_named_implementations_beside_the_reference():
     assert list(timing.interleaved(others, rounds=1, round_seconds=0.001)) == ["x", "y"]
 
 
+def _cell(batch, implementation, ratio, workload="loss"):
+    """A timed cell as a suite's JSON holds it: the floor takes 5 us, the reference 10 us."""
+    return {
+        "workload": workload,
+        "case": "Box(1)",
+        "batch": batch,
+        "implementation": implementation,
+        "seconds": 1e-5 * ratio,
+        "ratio": ratio,
+        "low": ratio,
+        "high": ratio,
+        "floor_share": 0.5 / ratio,
+        "bandwidth_seconds": 2e-6,
+    }
+
+
 def test_combine_joins_runs_and_a_later_runs_cell_replaces_an_earlier_ones(tmp_path):
     from benchmarks import combine
 
-    def cell(batch, implementation, ratio):
-        return {
-            "workload": "loss",
-            "case": "Box(1)",
-            "batch": batch,
-            "implementation": implementation,
-            "seconds": 1e-5 * ratio,
-            "ratio": ratio,
-            "low": ratio,
-            "high": ratio,
-            "floor_share": 0.5 / ratio,
-            "bandwidth_seconds": 2e-6,
-        }
-
-    first = {"timings": [cell(8, "handwritten", 1.0), cell(8, "samplers", 0.9)]}
+    first = {"timings": [_cell(8, "handwritten", 1.0), _cell(8, "samplers", 0.9)]}
     second = {
         "command": "python -m benchmarks --beta --batches 8,16",
         "timings": [
-            cell(8, "samplers", 0.7),
-            cell(16, "handwritten", 1.0),
-            cell(16, "samplers", 1.2),
+            _cell(8, "samplers", 0.7),
+            _cell(16, "handwritten", 1.0),
+            _cell(16, "samplers", 1.2),
         ],
     }
     paths = []
@@ -203,18 +205,7 @@ def test_combine_takes_a_joined_report_and_some_workloads_of_a_run(tmp_path):
     from benchmarks import combine
 
     def cell(workload, batch, ratio):
-        return {
-            "workload": workload,
-            "case": "Box(1)",
-            "batch": batch,
-            "implementation": "samplers",
-            "seconds": 1e-5,
-            "ratio": ratio,
-            "low": ratio,
-            "high": ratio,
-            "floor_share": 0.5,
-            "bandwidth_seconds": 2e-6,
-        }
+        return _cell(batch, "samplers", ratio, workload)
 
     earlier = {"command": "first", "timings": [cell("rollout", 8, 1.1), cell("loss", 8, 0.9)]}
     later = {"command": "second", "timings": [cell("rollout", 8, 0.8), cell("loss", 8, 1.3)]}
