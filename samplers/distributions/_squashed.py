@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy import special
 
-from samplers._numerics import HALF_LOG_2PI, log_ndtr, tanh, tanh_log_det
+from samplers._numerics import HALF_LOG_2PI, log_ndtr, tanh
 from samplers.distributions.bijectors import Squashing, squashing
 
 
@@ -320,25 +320,47 @@ def _moments_wide(m, s):
 # and t = x / k ~ N(m, s). For s <= 1/2, Gauss-Hermite in the Normal's variable:
 # log sech(t)**2 = -2 log cosh(t) has its singularities pi / (2 s) >= pi from the real
 # axis, and 16 nodes give under 2e-9 nats. Wider, log sech(t)**2 =
-# 2 log 2 - 2|t| - 2 log1p(exp(-2|t|)), where E|t| has a closed form and the last term
-# is bounded by log 2, decays as exp(-2|t|) and is smooth on t >= 0: folded onto
-# t >= 0, Gauss-Legendre on three panels up to 14 (beyond, the term is under 1e-12)
-# gives under 1e-9 nats. Both measured against mpmath over |m| <= 1e3,
-# s in [1e-6, 1e3] (tests/distributions/test_squashed_normal_oracle.py).
+# 2 log 2 - 2|t| - 2 r(|t|) with r(t) = log1p(exp(-2t)), where E|t| has a closed form
+# and r is bounded by log 2, decays as exp(-2t) and is smooth on t >= 0: folded onto
+# t >= 0, Gauss-Legendre on three panels up to 14 (beyond, r is under 1e-12) gives
+# under 1e-9 nats. Both measured against mpmath over |m| <= 1e3, s in [1e-6, 1e3]
+# (tests/distributions/test_squashed_normal_oracle.py).
 _ENTROPY_HERMITE = np.polynomial.hermite.hermgauss(16)
 _ENTROPY_PANELS = ((0.0, 2.0), (2.0, 6.0), (6.0, 14.0))
 _ENTROPY_LEGENDRE = np.polynomial.legendre.leggauss(12)
 
 
+def _hermite_rule():
+    """The positive nodes ``u`` of ``N(0, 1)`` (the rule is symmetric) and their
+    weights (float64)."""
+    z, w = _ENTROPY_HERMITE
+    positive = z > 0
+    return np.sqrt(2.0) * z[positive], w[positive] / np.sqrt(np.pi)
+
+
 def _legendre_rule():
-    """Nodes of the panels above, and their weights times ``log1p(exp(-2 t))`` (float64)."""
+    """The panels' nodes ``t`` mirrored, ``[t, -t]``, and the weights of the value and
+    of its ``m`` and ``s`` derivatives: ``w [r, +-r', r'']`` (float64).
+
+    With R(m, s) the integral over t >= 0 of r(t) (N(t; m, s) + N(t; -m, s)),
+    integrating by parts gives dR/dm = the integral of r'(t) (N(t; m, s) - N(t; -m, s))
+    and dR/ds = s times that of r''(t) (N(t; m, s) + N(t; -m, s)) minus 2 s N(0; m, s),
+    since r'(0) = -1: the three sums share each node's Gaussian.
+    """
     unit_nodes, unit_weights = _ENTROPY_LEGENDRE
-    nodes = np.concatenate([(b - a) / 2 * unit_nodes + (a + b) / 2 for a, b in _ENTROPY_PANELS])
-    weights = np.concatenate([(b - a) / 2 * unit_weights for a, b in _ENTROPY_PANELS])
-    return nodes, weights * np.log1p(np.exp(-2.0 * nodes))
+    t = np.concatenate([(b - a) / 2 * unit_nodes + (a + b) / 2 for a, b in _ENTROPY_PANELS])
+    w = np.concatenate([(b - a) / 2 * unit_weights for a, b in _ENTROPY_PANELS])
+    decay = np.exp(-2.0 * t)
+    r, slope, curvature = np.log1p(decay), -2.0 * decay / (1.0 + decay), 1.0 / np.cosh(t) ** 2
+    value = np.concatenate([w * r, w * r])[:, None]
+    derivatives = np.stack(
+        [np.concatenate([w * slope, -w * slope]), np.concatenate([w * curvature] * 2)], axis=1
+    )
+    return np.concatenate([t, -t]), value, derivatives
 
 
-_ENTROPY_NODES, _ENTROPY_WEIGHTS = _legendre_rule()
+_HERMITE_RULE = _hermite_rule()
+_LEGENDRE_RULE = _legendre_rule()
 
 
 @_compiled
@@ -362,18 +384,28 @@ def _expected_log_sech_squared_jvp(primals, tangents):
     # The derivatives come from the nodes of the value: against autodiff through
     # the node sums, the value and gradient compile in about 30% less time and run
     # about 20% faster at B = 65536, A = 8 (forward mode and Hessians keep working).
-    value, d_m, d_s = _in_steps(
-        functools.partial(_expected_log_sech_squared_and_derivatives, derivatives=True), *primals
+    value, d_m, d_s = jax.lax.platform_dependent(
+        *primals,
+        cpu=functools.partial(_in_steps, _with_derivatives(stacked=True)),
+        default=_with_derivatives(stacked=False),
     )
     return value, d_m * tangents[0] + d_s * tangents[1]
 
 
-# With the derivatives, XLA's CPU backend keeps an array per node (below), which
-# at B = 65536, A = 8 no longer fits in the cache: evaluated in steps of at least
-# _STEP_SIZE elements, the value and gradient ran 3 to 4 times faster there. The
-# steps keep the power-of-two factor of the last batch axis (up to _ALIGNMENT)
-# whole, so that a batch sharded over that many devices stays where it is. Other
-# backends take one step.
+def _with_derivatives(stacked):
+    return functools.partial(
+        _expected_log_sech_squared_and_derivatives, derivatives=True, stacked=stacked
+    )
+
+
+# XLA's CPU backend does not fuse an exp that feeds several sums: summed node by
+# node, the value and its two derivatives kept an array per node and ran 10 times
+# slower than the value alone at B = 65536, A = 8. There, the nodes are stacked on a
+# trailing axis and the sums are one matrix product, in steps of at least _STEP_SIZE
+# elements so that the stacked arrays stay in the cache. The steps keep the
+# power-of-two factor of the last batch axis (up to _ALIGNMENT) whole, so that a
+# batch sharded over that many devices stays where it is. Other backends sum node
+# by node, in one step.
 _STEP_SIZE = 4096
 _ALIGNMENT = 32
 
@@ -399,77 +431,75 @@ def _in_steps(function, m, s):
     def split(x):
         return jnp.moveaxis(x.reshape(*lead, rows // steps, steps, actions), -2, 0)
 
-    def stepped(m, s):
-        outputs = jax.lax.map(lambda pair: function(*pair), (split(m), split(s)))
-        return tuple(jnp.moveaxis(out, 0, -2).reshape(m.shape) for out in outputs)
-
-    return jax.lax.platform_dependent(m, s, cpu=stepped, default=function)
+    outputs = jax.lax.map(lambda pair: function(*pair), (split(m), split(s)))
+    return tuple(jnp.moveaxis(out, 0, -2).reshape(m.shape) for out in outputs)
 
 
-def _expected_log_sech_squared_and_derivatives(m, s, derivatives):
+def _expected_log_sech_squared_and_derivatives(m, s, derivatives, stacked=False):
     """The value and, with ``derivatives``, its derivatives with respect to ``m`` and
     ``s`` (else ``None``): each rule gets a scale in its own range, so that the rule
     not taken stays finite."""
     narrow = s <= _NARROW_SCALE
     narrow_terms = _narrow_terms(m, jnp.where(narrow, s, _NARROW_SCALE), derivatives)
-    wide_terms = _wide_terms(m, jnp.where(narrow, _NARROW_SCALE, s), derivatives)
+    wide_terms = _wide_terms(m, jnp.where(narrow, _NARROW_SCALE, s), derivatives, stacked)
     if not derivatives:
         return jnp.where(narrow, narrow_terms[0], wide_terms[0]), None, None
     return tuple(jnp.where(narrow, a, b) for a, b in zip(narrow_terms, wide_terms, strict=True))
 
 
-# The sums below run over the nodes in Python, so that XLA fuses the value's into one
+# The sums below run over the nodes in Python, so that XLA fuses each into one
 # elementwise loop: a node axis, as in a tensordot, materialises an array per node
-# and made the entropy's value and gradient 4.5 times slower at B = 65536, A = 8.
-# With the derivatives, a node's exp feeds three sums and XLA's CPU backend keeps an
-# array per node (at B = 65536 the cost per element is 2.8 times that at B = 4096);
-# stacking the three per node, or a node axis with reductions, measured slower.
+# and made the entropy's value 4.5 times slower at B = 65536, A = 8.
 
 
 def _narrow_terms(m, s, derivatives):
-    # With u = sqrt(2) z: sum of w log sech(m + s u)**2, and its derivatives from
-    # d/dt log sech(t)**2 = -2 tanh(t), which shares the exp of the value.
+    # With t = m +- u s at each pair of nodes: log sech(t)**2 = 2 log 2 - 2|t| -
+    # 2 log(1 + exp(-2|t|)), the pair's logs as one (log is the costliest operation
+    # here), and for the derivatives slope = d/dt log sech(t)**2 = -2 tanh(t).
     value = d_m = d_s = 0.0
-    for z, w in zip(*_ENTROPY_HERMITE, strict=True):
-        weight, u = float(w / np.sqrt(np.pi)), float(np.sqrt(2.0) * z)
-        t = m + u * s
-        value = value + weight * tanh_log_det(t)
+    for u, w in zip(*_HERMITE_RULE, strict=True):
+        plus, minus = m + float(u) * s, m - float(u) * s
+        magnitudes = jnp.abs(plus) + jnp.abs(minus)
+        decays = (1.0 + jnp.exp(-2.0 * jnp.abs(plus))) * (1.0 + jnp.exp(-2.0 * jnp.abs(minus)))
+        value = value + float(w) * (4.0 * np.log(2.0) - 2.0 * magnitudes - 2.0 * jnp.log(decays))
         if derivatives:
-            slope = -2.0 * tanh(t)
-            d_m = d_m + weight * slope
-            d_s = d_s + (weight * u) * slope
-    return value, d_m, d_s
+            slope_plus, slope_minus = -2.0 * tanh(plus), -2.0 * tanh(minus)
+            d_m = d_m + float(w) * (slope_plus + slope_minus)
+            d_s = d_s + float(w * u) * (slope_plus - slope_minus)
+    return value, d_m if derivatives else None, d_s if derivatives else None
 
 
-def _wide_terms(m, s, derivatives):
-    # E log sech(t)**2 = 2 log 2 - 2 E|t| - 2 E log1p(exp(-2|t|)), where
-    # E|t| = m erf(m / (s sqrt 2)) + s sqrt(2 / pi) exp(-m**2 / (2 s**2)) and the last
-    # term is the integral over t >= 0 of log1p(exp(-2t)) (N(t; m, s) + N(-t; m, s)).
+def _wide_terms(m, s, derivatives, stacked):
+    # E log sech(t)**2 = 2 log 2 - 2 E|t| - 2 R, where
+    # E|t| = m erf(m / (s sqrt 2)) + s sqrt(2 / pi) exp(-m**2 / (2 s**2)) and R (see
+    # _legendre_rule) is a sum over the mirrored nodes of w r(|t|) N(t; m, s). Stacked,
+    # the nodes are a trailing axis and the sums one matrix product.
+    nodes, value_weights, derivative_weights = _LEGENDRE_RULE
+    weights = np.concatenate([value_weights, derivative_weights], axis=1)
+    weights = weights if derivatives else value_weights
     inverse_scale = 1.0 / s
     ratio = m * inverse_scale
     gaussian = jnp.exp(-0.5 * jnp.square(ratio))
     error_function = special.erf(ratio / np.sqrt(2.0))
     mean_magnitude = m * error_function + s * np.sqrt(2.0 / np.pi) * gaussian
-    # With a = (t - m) / s and b = (t + m) / s: sums of w exp(-a**2 / 2) a**j
-    # (and likewise b) for j = 0, 1, 2 give the remainder and its derivatives.
-    sum_0 = sum_1 = sum_2 = 0.0
-    for t, w in zip(_ENTROPY_NODES, _ENTROPY_WEIGHTS, strict=True):
-        a, b = (float(t) - m) * inverse_scale, (float(t) + m) * inverse_scale
-        weighted_a = float(w) * jnp.exp(-0.5 * jnp.square(a))
-        weighted_b = float(w) * jnp.exp(-0.5 * jnp.square(b))
-        sum_0 = sum_0 + weighted_a + weighted_b
-        if derivatives:
-            sum_1 = sum_1 + weighted_a * a - weighted_b * b
-            sum_2 = sum_2 + weighted_a * jnp.square(a) + weighted_b * jnp.square(b)
+    if stacked:
+        t = jnp.asarray(nodes, m.dtype).reshape((1,) * m.ndim + (-1,))
+        a = (t - m[..., None]) * inverse_scale[..., None]
+        sums = jnp.exp(-0.5 * jnp.square(a)) @ jnp.asarray(weights, m.dtype)
+        sums = [sums[..., c] for c in range(weights.shape[1])]
+    else:
+        sums = [0.0] * weights.shape[1]
+        for t, row in zip(nodes, weights, strict=True):
+            e = jnp.exp(-0.5 * jnp.square((float(t) - m) * inverse_scale))
+            sums = [total + float(c) * e for total, c in zip(sums, row, strict=True)]
     normal = inverse_scale / np.sqrt(2.0 * np.pi)
-    value = 2.0 * np.log(2.0) - 2.0 * mean_magnitude - 2.0 * sum_0 * normal
+    value = 2.0 * np.log(2.0) - 2.0 * mean_magnitude - 2.0 * normal * sums[0]
     if not derivatives:
         return value, None, None
-    # d E|t| / dm = erf(m / (s sqrt 2)), d E|t| / ds = sqrt(2 / pi) exp(-m**2 / (2 s**2)).
-    d_remainder_m = sum_1 * normal * inverse_scale
-    d_remainder_s = (sum_2 - sum_0) * normal * inverse_scale
-    d_m = -2.0 * error_function - 2.0 * d_remainder_m
-    d_s = -2.0 * np.sqrt(2.0 / np.pi) * gaussian - 2.0 * d_remainder_s
+    # d E|t| / dm = erf(m / (s sqrt 2)), and d E|t| / ds = sqrt(2 / pi) exp(-m**2 / (2 s**2))
+    # = 2 s N(0; m, s) cancels R's boundary term: d/ds = -2 s sum of w r'' N(t; m, s).
+    d_m = -2.0 * error_function - 2.0 * normal * sums[1]
+    d_s = -2.0 * s * normal * sums[2]
     return value, d_m, d_s
 
 

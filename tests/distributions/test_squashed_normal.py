@@ -1,3 +1,5 @@
+import functools
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -694,6 +696,37 @@ def test_entropy_of_a_large_batch_is_each_row_alone(shape):
         exact = shape[-1] * reference.tanh_normal_entropy_float64(mean, std)
         value = float(got[0][(row,) * (len(shape) - 1)])
         assert value == pytest.approx(exact, abs=1e-5 * (1 + abs(exact)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", slow("float64")])
+def test_entropy_derivatives_summed_node_by_node_are_the_stacked_ones(dtype):
+    # The CPU stacks the quadrature nodes on an axis and sums with a matrix product;
+    # other backends sum node by node. Run here, the two orders of summation give
+    # the value and both derivatives within 8 steps of the dtype of their sizes,
+    # 1 + |value|, 2 (loc) and 2 + 2 / scale (scale), over both rules.
+    from samplers.distributions import _squashed
+
+    with jax.enable_x64(dtype == "float64"):
+        loc = jnp.asarray(np.linspace(-40.0, 40.0, 97)[:, None], dtype)
+        scale = jnp.asarray(np.geomspace(1e-6, 1e3, 31)[None, :], dtype)
+        loc, scale = jnp.broadcast_arrays(loc, scale)
+
+        @functools.partial(jax.jit, static_argnums=2)
+        def terms(loc, scale, stacked):
+            return _squashed._expected_log_sech_squared_and_derivatives(
+                loc, scale, derivatives=True, stacked=stacked
+            )
+
+        stacked, by_node = terms(loc, scale, True), terms(loc, scale, False)
+        eps = np.finfo(dtype).eps
+        sizes = (1 + np.abs(stacked[0]), 2.0, 2.0 + 2.0 / np.asarray(scale, np.float64))
+        for name, a, b, size in zip(
+            ("value", "d loc", "d scale"), stacked, by_node, sizes, strict=True
+        ):
+            assert np.all(np.isfinite(a)) and np.all(np.isfinite(b)), name
+            np.testing.assert_array_less(
+                np.abs(np.asarray(a, np.float64) - b), 8 * eps * size, err_msg=name
+            )
 
 
 @pytest.mark.parametrize("k", [pytest.param(1.0, id="tanh"), slow(2.0, id="sigmoid")])
