@@ -381,9 +381,8 @@ def _expected_log_sech_squared(m, s):
 
 @_expected_log_sech_squared.defjvp
 def _expected_log_sech_squared_jvp(primals, tangents):
-    # The derivatives come from the nodes of the value: against autodiff through
-    # the node sums, the value and gradient compile in about 30% less time and run
-    # about 20% faster at B = 65536, A = 8 (forward mode and Hessians keep working).
+    # The derivatives come from the value's nodes, computed beside it; forward mode
+    # and second derivatives differentiate these formulas.
     value, d_m, d_s = jax.lax.platform_dependent(
         *primals,
         cpu=functools.partial(_in_steps, _with_derivatives(stacked=True)),
@@ -399,10 +398,10 @@ def _with_derivatives(stacked):
 
 
 # XLA's CPU backend does not fuse an exp that feeds several sums: summed node by
-# node, the value and its two derivatives kept an array per node and ran 10 times
-# slower than the value alone at B = 65536, A = 8. There, the nodes are stacked on a
-# trailing axis and the sums are one matrix product, in steps of at least _STEP_SIZE
-# elements so that the stacked arrays stay in the cache. The steps keep the
+# node, the wide rule's value and two derivatives kept an array per node and ran
+# about 9 times slower than its value alone at B = 65536, A = 8. There, the nodes
+# are stacked on a trailing axis and the sums are one matrix product, in steps of at
+# least _STEP_SIZE elements so that the stacked arrays stay in the cache. The steps keep the
 # power-of-two factor of the last batch axis (up to _ALIGNMENT) whole, so that a
 # batch sharded over that many devices stays where it is. Other backends sum node
 # by node, in one step.
