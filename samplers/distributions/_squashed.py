@@ -465,7 +465,7 @@ def _narrow_terms(m, s, derivatives):
             slope_plus, slope_minus = -2.0 * tanh(plus), -2.0 * tanh(minus)
             d_m = d_m + float(w) * (slope_plus + slope_minus)
             d_s = d_s + float(w * u) * (slope_plus - slope_minus)
-    return value, d_m if derivatives else None, d_s if derivatives else None
+    return value, d_m, d_s
 
 
 def _wide_terms(m, s, derivatives, stacked):
