@@ -340,7 +340,7 @@ def _hermite_rule():
 
 def _legendre_rule():
     """The panels' nodes ``t`` mirrored, ``[t, -t]``, and the weights of the value and
-    of its ``m`` and ``s`` derivatives: ``w [r, +-r', r'']`` (float64).
+    of its ``m`` and ``s`` derivatives, the columns ``w [r, +-r', r'']`` (float64).
 
     With R(m, s) the integral over t >= 0 of r(t) (N(t; m, s) + N(t; -m, s)),
     integrating by parts gives dR/dm = the integral of r'(t) (N(t; m, s) - N(t; -m, s))
@@ -352,11 +352,9 @@ def _legendre_rule():
     w = np.concatenate([(b - a) / 2 * unit_weights for a, b in _ENTROPY_PANELS])
     decay = np.exp(-2.0 * t)
     r, slope, curvature = np.log1p(decay), -2.0 * decay / (1.0 + decay), 1.0 / np.cosh(t) ** 2
-    value = np.concatenate([w * r, w * r])[:, None]
-    derivatives = np.stack(
-        [np.concatenate([w * slope, -w * slope]), np.concatenate([w * curvature] * 2)], axis=1
-    )
-    return np.concatenate([t, -t]), value, derivatives
+    weights = [np.concatenate([w * r, w * r]), np.concatenate([w * slope, -w * slope])]
+    weights.append(np.concatenate([w * curvature] * 2))
+    return np.concatenate([t, -t]), np.stack(weights, axis=1)
 
 
 _HERMITE_RULE = _hermite_rule()
@@ -446,9 +444,10 @@ def _expected_log_sech_squared_and_derivatives(m, s, derivatives, stacked=False)
     return tuple(jnp.where(narrow, a, b) for a, b in zip(narrow_terms, wide_terms, strict=True))
 
 
-# The sums below run over the nodes in Python, so that XLA fuses each into one
-# elementwise loop: a node axis, as in a tensordot, materialises an array per node
-# and made the entropy's value 4.5 times slower at B = 65536, A = 8.
+# The sums below run over the nodes in Python (except the CPU's stacked ones, above),
+# so that XLA fuses each into one elementwise loop: for the value alone, a node axis,
+# as in a tensordot, materialised an array per node and ran 4.5 times slower at
+# B = 65536, A = 8.
 
 
 def _narrow_terms(m, s, derivatives):
@@ -473,9 +472,8 @@ def _wide_terms(m, s, derivatives, stacked):
     # E|t| = m erf(m / (s sqrt 2)) + s sqrt(2 / pi) exp(-m**2 / (2 s**2)) and R (see
     # _legendre_rule) is a sum over the mirrored nodes of w r(|t|) N(t; m, s). Stacked,
     # the nodes are a trailing axis and the sums one matrix product.
-    nodes, value_weights, derivative_weights = _LEGENDRE_RULE
-    weights = np.concatenate([value_weights, derivative_weights], axis=1)
-    weights = weights if derivatives else value_weights
+    nodes, weights = _LEGENDRE_RULE
+    weights = weights if derivatives else weights[:, :1]
     inverse_scale = 1.0 / s
     ratio = m * inverse_scale
     gaussian = jnp.exp(-0.5 * jnp.square(ratio))
