@@ -40,6 +40,7 @@ _SUITES = {
     "tokens": (tokens, "token log-probabilities over a vocabulary"),
     "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
+_WITH_CASES = ("discrete", "composite", "beta", "flow")  # the suites of several cases
 
 
 def _batches(text):
@@ -84,6 +85,13 @@ def _parser():
         type=lambda text: tuple(text.split(",")),
         help="names of the implementations to time beside each table's reference, which "
         "is always timed, e.g. 'samplers,samplers (pure layer)' (default: all)",
+    )
+    parser.add_argument(
+        "--cases",
+        type=lambda text: tuple(text.split(",")),
+        help=f"--{', --'.join(_WITH_CASES)}: time only the cases whose names contain one of "
+        "these strings, e.g. 'K = 4,spline' (default: all); the other tables are timed "
+        "as usual",
     )
     parser.add_argument(
         "--timing",
@@ -157,7 +165,11 @@ def main(argv=None):
             f"--bandwidth-tbs: there is no bandwidth floor for {heads} timed per call; "
             "add --timing loop, or drop it"
         )
-    timing.set_timing(in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs, only=args.only)
+    if args.cases is not None and suite not in _WITH_CASES:
+        parser.error(f"--cases is an option of --{', --'.join(_WITH_CASES)}; drop it")
+    timing.set_timing(
+        in_loop=in_loop, bandwidth_tbs=args.bandwidth_tbs, only=args.only, cases=args.cases
+    )
     if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):
         parser.error("--num-envs and --budget are options of --end-to-end; drop them")
     if suite != "tokens" and args.peak_tflops is not None:
@@ -185,7 +197,11 @@ def main(argv=None):
         sizes, options = grid["batches"], {"name": suite if args.name == "results" else args.name}
         if args.rounds is not None:
             options["rounds"] = args.rounds
-    print(module.run(sizes, args.out, device=device, command=command, **options))
+    try:
+        report = module.run(sizes, args.out, device=device, command=command, **options)
+    except timing.UnknownCases as error:
+        parser.error(str(error))
+    print(report)
 
 
 if __name__ == "__main__":

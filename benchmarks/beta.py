@@ -173,7 +173,7 @@ def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=No
     conditions = timing.Conditions(command or "python -m benchmarks --beta", device)
     results = {}
     with jax.default_device(device):
-        for case in beta_cases():
+        for case in timing.chosen(beta_cases()):
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)

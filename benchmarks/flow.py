@@ -292,7 +292,7 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
     conditions = timing.Conditions(command or "python -m benchmarks --flow", device)
     results = {}
     with jax.default_device(device):
-        for case, batch in itertools.product(flow_cases(), batches):
+        for case, batch in itertools.product(timing.chosen(flow_cases()), batches):
             print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
             results[case.name, batch] = time_case(case, batch, rounds)
             timing.save_partial(out_dir, name, results, _WORKLOADS)

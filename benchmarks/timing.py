@@ -89,12 +89,13 @@ class _Timing(NamedTuple):
     in_loop: bool = False
     bandwidth_tbs: float | None = None  # None: the device's from BANDWIDTH_TBS, if known
     only: tuple[str, ...] | None = None  # the implementations timed beside the reference
+    cases: tuple[str, ...] | None = None  # parts of the names of the cases timed
 
 
 _timing = _Timing()
 
 
-def set_timing(*, in_loop, bandwidth_tbs=None, only=None):
+def set_timing(*, in_loop, bandwidth_tbs=None, only=None, cases=None):
     """Chooses how :func:`interleaved` times a step: per call, or in the loop.
 
     Args:
@@ -104,9 +105,34 @@ def set_timing(*, in_loop, bandwidth_tbs=None, only=None):
         only: If given, the names of the implementations to time beside each
             table's reference (the first), which is always timed; None times all. A
             table that times none of these names (the estimators, say) is timed whole.
+        cases: If given, a suite times only the cases whose names contain one of
+            these strings (:func:`chosen`); None times all.
     """
     global _timing
-    _timing = _Timing(in_loop, bandwidth_tbs, None if only is None else tuple(only))
+    only, cases = (None if names is None else tuple(names) for names in (only, cases))
+    _timing = _Timing(in_loop, bandwidth_tbs, only, cases)
+
+
+class UnknownCases(ValueError):
+    """:func:`set_timing`'s ``cases`` name none of a suite's cases."""
+
+
+def chosen(cases):
+    """The cases (objects with a ``name``) that :func:`set_timing`'s ``cases`` name.
+
+    Raises:
+        UnknownCases: they name none of ``cases``.
+    """
+    if _timing.cases is None:
+        return list(cases)
+    picked = [case for case in cases if any(part in case.name for part in _timing.cases)]
+    if not picked:
+        names = ", ".join(repr(case.name) for case in cases)
+        raise UnknownCases(
+            f"--cases {','.join(_timing.cases)!r} names none of this suite's cases: {names}; "
+            "give part of one of these names"
+        )
+    return picked
 
 
 def in_loop():

@@ -18,6 +18,8 @@
 #   LIMIT_S   each suite's time limit in seconds (default 300)
 #   ONLY      the implementations to time beside the references (default: all), e.g.
 #             "samplers,samplers (pure layer)": fewer programs to compile
+#   CASES     the cases to time, by part of their names (default: all), e.g. "K = 4,spline"
+#             with SUITES=flow; only for the suites of several cases (--cases)
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
 #   DEVICE    the platform (default tpu; cpu tries the script out at small sizes: there
 #             tokens times its CPU sizes, D = 256 and V = 32768, e.g. BATCHES=64,256)
@@ -38,7 +40,7 @@ for suite in $SUITES; do
     echo "== $suite"
     timeout -s INT "$LIMIT_S" python3 -m benchmarks "${flags[@]}" --large --device "$DEVICE" --timing loop \
         ${BATCHES:+--batches "$BATCHES"} --rounds "$ROUNDS" --name "tpu-$suite" --out "$RESULTS" \
-        ${ONLY:+--only "$ONLY"} \
+        ${ONLY:+--only "$ONLY"} ${CASES:+--cases "$CASES"} \
         >"$OUT/tpu-$suite.log" 2>&1
     status=$?
     if ((status != 0)); then

@@ -150,6 +150,30 @@ def test_only_times_the_named_implementations_beside_the_reference():
     assert list(timing.interleaved(others, rounds=1, round_seconds=0.001)) == ["x", "y"]
 
 
+def test_cases_time_only_the_named_cases_and_refuse_a_name_that_matches_none(tmp_path, capsys):
+    from benchmarks import beta
+
+    cases = beta.beta_cases()
+    timing.set_timing(in_loop=False, cases=("Box(6)", "nothing"))
+    assert timing.chosen(cases) == cases[1:]
+    timing.set_timing(in_loop=False, cases=("Box(3)",))
+    with pytest.raises(timing.UnknownCases, match=r"'Box\(1\) in \[0, 1\]', 'Box\(6\)"):
+        timing.chosen(cases)
+    timing.set_timing(in_loop=False)
+    assert timing.chosen(cases) == cases
+
+    common = ["--device", "cpu", "--batches", "8", "--rounds", "1", "--out", str(tmp_path)]
+    cli.main(["--beta", "--cases", "Box(6)", *common])
+    records = json.loads((tmp_path / "beta.json").read_text())["timings"]
+    assert {r["case"] for r in records} == {"Box(6) in [-2, 2]"}
+    with pytest.raises(SystemExit):
+        cli.main(["--beta", "--cases", "Box(3)", *common])
+    assert "--cases 'Box(3)' names none of this suite's cases" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--cases", "Box(6)", *common])  # the default suite has one case
+    assert "--cases is an option of --discrete, --composite" in capsys.readouterr().err
+
+
 def _cell(batch, implementation, ratio, workload="loss"):
     """A timed cell as a suite's JSON holds it: the floor takes 5 us, the reference 10 us."""
     return {
