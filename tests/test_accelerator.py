@@ -5,7 +5,8 @@ Run alone, in one process, on a CPU, a GPU or a TPU::
     python -m pytest tests/test_accelerator.py -m accelerator -n 0
 
 It checks, for the squashed-Normal heads (tanh and ``BoundedTanh`` with asymmetric
-per-dimension bounds), the Categorical, Beta, composite, autoregressive and flow heads:
+per-dimension bounds), the Categorical, Beta, composite, autoregressive and flow heads
+(and for the token head, (a) to (c)):
 
 (a) a rollout and the replay of its stored data inside one compiled program give the
     same log-likelihood, bit for bit;
@@ -224,6 +225,7 @@ BETA_LOW = np.asarray([-2.0, 0.0, 1.0], np.float32)
 BETA_HIGH = np.asarray([2.0, 0.5, 1e3], np.float32)
 REPEATS = 4  # each grid point this many times, with other noise
 FEATURES, FLOW_FEATURES = 6, 3
+TOKEN_DIM, VOCAB = 16, 45  # hidden states [rows, D] and an unembedding [D, V]
 ALPHA = 0.2
 
 
@@ -352,6 +354,25 @@ def _flow(reparameterized):
     return _moved(head, 0.3, seed=8)
 
 
+def _tokens():
+    # Truncated (the replay scores the stored support) over blocks of 16 tokens, the
+    # last one partly padding.
+    return samplers.TokenSampler(
+        nnx.Rngs(action=10), 0.01, vocab_size=VOCAB, top_k=8, top_p=0.9, block=(8, 16)
+    )
+
+
+def _token_inputs(rows):
+    """Hidden states at scales from 1e-3 to 1e3 (logits up to about 1e4: one token takes
+    all the mass), and an unembedding with tied columns."""
+    generator = np.random.default_rng(10)
+    scales = 10.0 ** np.linspace(-3.0, 3.0, rows)[:, None]
+    hidden = (scales * generator.normal(size=(rows, TOKEN_DIM))).astype(np.float32)
+    unembedding = generator.normal(size=(TOKEN_DIM, VOCAB)).astype(np.float32)
+    unembedding[:, 1] = unembedding[:, 0]
+    return hidden, unembedding
+
+
 @functools.cache
 def _heads() -> dict[str, Head]:
     tanh, bounded = _normal_heads(False)
@@ -389,6 +410,7 @@ def _heads() -> dict[str, Head]:
             bound=1.0,
             actor=_flow(True),
         ),
+        "TokenSampler": Head(_tokens(), _token_inputs(rows), _mask(rows, VOCAB, seed=10)),
     }
 
 
@@ -400,6 +422,7 @@ HEADS = (
     "CompositeSampler",
     "AutoregressiveSampler",
     "FlowSampler",
+    "TokenSampler",
 )
 
 
@@ -432,7 +455,7 @@ def _head_programs():
     graphdefs, params, rest = _split({n: h.head for n, h in heads.items()})
     actors = {n: h.actor for n, h in heads.items() if h.actor is not None}
     actor_graphdefs, actor_params, actor_rest = _split(actors)
-    inputs = {n: jnp.asarray(h.inputs) for n, h in heads.items()}
+    inputs = {n: jax.tree.map(jnp.asarray, h.inputs) for n, h in heads.items()}
     masks = {n: h.mask for n, h in heads.items()}
 
     @jax.jit
