@@ -299,7 +299,7 @@ def run(batches, out_dir, *, device=None, name="autoregressive", rounds=ROUNDS, 
         for batch in batches:
             print(f"timing the autoregressive head B={batch} on {device.device_kind}", flush=True)
             results[CASE, batch] = time_batch(batch, rounds)
-            timing.save_partial(out_dir, name, results, _WORKLOADS)
+            timing.save_partial(out_dir, name, results, _WORKLOADS, conditions)
     conditions.stop()
     checked = ", ".join(f"{what} {gap:.1e}" for what, gap in found.items())
     sections = [

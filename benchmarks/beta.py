@@ -177,7 +177,7 @@ def run(batches, out_dir, *, device=None, name="beta", rounds=ROUNDS, command=No
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)
-                timing.save_partial(out_dir, name, results, _WORKLOADS)
+                timing.save_partial(out_dir, name, results, _WORKLOADS, conditions)
     conditions.stop()
     sections = [
         "# The Beta head against distrax as users write it",

@@ -13,7 +13,8 @@ the last run given. The Markdown has one table per workload, as the suites write
 the loop: the reference's time per step, each implementation's ratio to it (min-max
 over the rounds), the share of the floor, the floor's time and the bytes it moves over
 the bandwidth. Each run's header (command, device, commit) is kept in the JSON's
-``runs`` and listed in the Markdown.
+``runs`` and listed in the Markdown, a stopped run's (its ``NAME.partial.json``) marked
+as stopped at its time limit.
 """
 
 import argparse
@@ -65,10 +66,11 @@ def markdown(record, title):
         "",
     ]
     for run in record["runs"]:
-        command = run.get("command")
-        what = (
-            f"`{command}`" if command else "a run stopped at its time limit, the cells it had timed"
-        )
+        command, stopped = run.get("command"), "a run stopped at its time limit"
+        if command is None:
+            what = f"{stopped}, the cells it had timed"
+        else:
+            what = f"`{command}`" + (f", {stopped}" if run.get("stopped") else "")
         where = "".join(f", {run[key]}" for key in ("device_kind", "samplers") if key in run)
         only = f" ({', '.join(run['workloads'])} only)" if "workloads" in run else ""
         lines.append(f"- B = {', '.join(map(str, run['batches']))}{only}: {what}{where}")

@@ -421,7 +421,7 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)
-                timing.save_partial(out_dir, name, results, _WORKLOADS)
+                timing.save_partial(out_dir, name, results, _WORKLOADS, conditions)
         for case in timing.chosen(composite_cases()):
             print(f"timing the calls of {case.name} B={smallest}", flush=True)
             calls[case.name] = time_calls(case, smallest, rounds)

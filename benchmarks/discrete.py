@@ -135,7 +135,7 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)
-                timing.save_partial(out_dir, name, results, _WORKLOADS, label="head")
+                timing.save_partial(out_dir, name, results, _WORKLOADS, conditions, label="head")
         for case in timing.chosen(implementations.discrete_cases()):
             print(f"timing the parts of {case.name} B={largest}", flush=True)
             parts[case.name] = time_parts(case, largest, rounds)

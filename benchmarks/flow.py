@@ -295,7 +295,7 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         for case, batch in itertools.product(timing.chosen(flow_cases()), batches):
             print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
             results[case.name, batch] = time_case(case, batch, rounds)
-            timing.save_partial(out_dir, name, results, _WORKLOADS)
+            timing.save_partial(out_dir, name, results, _WORKLOADS, conditions)
     conditions.stop()
     sections = [
         "# The flow head against the same flow written in distrax",

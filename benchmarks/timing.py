@@ -483,11 +483,18 @@ def workload_records(results, workloads, label="case"):
     ]
 
 
-def save_partial(out_dir, name, results, workloads, label="case"):
+def save_partial(out_dir, name, results, workloads, conditions, label="case"):
     """Writes the cells timed so far to ``{name}.partial.json``, as
-    :func:`workload_records` gives them: a run stopped at a time limit keeps them.
+    :func:`workload_records` gives them, with the run's command, device and commit
+    (``conditions``, a :class:`Conditions`): a run stopped at a time limit keeps them.
     :func:`write_report` removes the file once the whole report is written."""
-    record = {"timings": workload_records(results, workloads, label)}
+    record = {
+        "command": conditions.command,
+        "device_kind": conditions.device.device_kind,
+        "samplers": conditions.commit,
+        "stopped": True,  # until the whole report replaces the file
+        "timings": workload_records(results, workloads, label),
+    }
     (Path(out_dir) / f"{name}.partial.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -276,7 +276,7 @@ def run(
             cells[tokens] = time_cell(tokens, chosen, rounds)
             records += _records(cells[tokens], tokens, chosen, peak)
             partial[case, tokens] = {"score": cells[tokens][0]}
-            timing.save_partial(out_dir, name, partial, _WORKLOADS)
+            timing.save_partial(out_dir, name, partial, _WORKLOADS, conditions)
     conditions.stop()
     checked = "; ".join(
         f"{dtype}: "

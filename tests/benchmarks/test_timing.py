@@ -135,7 +135,10 @@ def test_a_suite_stopped_midway_keeps_the_cells_it_timed(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         beta.run((8, 16), tmp_path, device=timing.select_device("cpu"), rounds=1)
     assert not (tmp_path / "beta.json").exists()
-    records = json.loads((tmp_path / "beta.partial.json").read_text())["timings"]
+    partial = json.loads((tmp_path / "beta.partial.json").read_text())
+    assert partial["command"] == "python -m benchmarks --beta" and partial["stopped"]
+    assert partial["device_kind"] == jax.devices("cpu")[0].device_kind and partial["samplers"]
+    records = partial["timings"]
     assert {r["batch"] for r in records} == {8}
     assert {r["workload"] for r in records} == {"rollout", "loss"}
 
@@ -194,6 +197,13 @@ def test_combine_joins_runs_and_a_later_runs_cell_replaces_an_earlier_ones(tmp_p
     from benchmarks import combine
 
     first = {"timings": [_cell(8, "handwritten", 1.0), _cell(8, "samplers", 0.9)]}
+    stopped = {
+        "command": "python -m benchmarks --beta --batches 4,8",
+        "device_kind": "TPU v5 lite",
+        "samplers": "commit abc1234",
+        "stopped": True,
+        "timings": [_cell(4, "handwritten", 1.0)],
+    }
     second = {
         "command": "python -m benchmarks --beta --batches 8,16",
         "timings": [
@@ -203,26 +213,29 @@ def test_combine_joins_runs_and_a_later_runs_cell_replaces_an_earlier_ones(tmp_p
         ],
     }
     paths = []
-    for number, record in enumerate((first, second)):
+    for number, record in enumerate((first, stopped, second)):
         paths.append(tmp_path / f"run{number}.json")
         paths[-1].write_text(json.dumps(record))
     combine.main([str(tmp_path / "joined"), *map(str, paths), "--title", "Joined"])
     record = json.loads((tmp_path / "joined.json").read_text())
     ratios = {(c["batch"], c["implementation"]): c["ratio"] for c in record["timings"]}
     assert ratios == {
+        (4, "handwritten"): 1.0,
         (8, "handwritten"): 1.0,
         (8, "samplers"): 0.7,
         (16, "handwritten"): 1.0,
         (16, "samplers"): 1.2,
     }
-    assert [run["batches"] for run in record["runs"]] == [[8], [8, 16]]
+    assert [run["batches"] for run in record["runs"]] == [[8], [4], [8, 16]]
     text = (tmp_path / "joined.md").read_text()
     assert "| Box(1) | 8 | 10.0 (50%) | 0.70 (0.70-0.70); 71% | - | - |" in text
     assert "| Box(1) | 16 | 10.0 (50%) | 1.20 (1.20-1.20); 42% | - | - |" in text
+    assert "- B = 8: a run stopped at its time limit, the cells it had timed\n" in text
     assert (
-        "B = 8: a run stopped at its time limit" in text
-        and "`python -m benchmarks --beta --batches 8,16`" in text
+        "- B = 4: `python -m benchmarks --beta --batches 4,8`, a run stopped at its time "
+        "limit, TPU v5 lite, commit abc1234\n" in text
     )
+    assert "- B = 8, 16: `python -m benchmarks --beta --batches 8,16`\n" in text
 
 
 def test_combine_takes_a_joined_report_and_some_workloads_of_a_run(tmp_path):
