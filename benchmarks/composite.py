@@ -417,12 +417,13 @@ def run(batches, out_dir, *, device=None, name="composite", rounds=ROUNDS, comma
     conditions = timing.Conditions(command, device)
     results, calls, smallest, largest = {}, {}, min(batches), max(batches)
     with jax.default_device(device):
-        for case in timing.chosen(composite_cases()):
+        cases = timing.chosen(composite_cases())
+        for case in cases:
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)
                 timing.save_partial(out_dir, name, results, _WORKLOADS, conditions)
-        for case in timing.chosen(composite_cases()):
+        for case in cases:
             print(f"timing the calls of {case.name} B={smallest}", flush=True)
             calls[case.name] = time_calls(case, smallest, rounds)
         print(f"timing the entropy options B={largest}", flush=True)

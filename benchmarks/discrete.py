@@ -131,12 +131,13 @@ def run(batches, out_dir, *, device=None, name="discrete", rounds=ROUNDS, comman
     conditions = timing.Conditions(command, device)
     results, parts, largest = {}, {}, max(batches)
     with jax.default_device(device):
-        for case in timing.chosen(implementations.discrete_cases()):
+        cases = timing.chosen(implementations.discrete_cases())
+        for case in cases:
             for batch in batches:
                 print(f"timing {case.name} B={batch} on {device.device_kind}", flush=True)
                 results[case.name, batch] = time_case(case, batch, rounds)
                 timing.save_partial(out_dir, name, results, _WORKLOADS, conditions, label="head")
-        for case in timing.chosen(implementations.discrete_cases()):
+        for case in cases:
             print(f"timing the parts of {case.name} B={largest}", flush=True)
             parts[case.name] = time_parts(case, largest, rounds)
     conditions.stop()

@@ -277,7 +277,7 @@ class Head:
     """A head, its network output, its mask and the bound its actions saturate on."""
 
     head: samplers.ActionSampler
-    inputs: np.ndarray
+    inputs: np.ndarray | tuple[np.ndarray, ...]  # the token head's: (hidden, unembedding)
     mask: object = None
     bound: float | None = None
     actor: samplers.ActionSampler | None = None  # built with reparameterized=True
