@@ -1,11 +1,13 @@
 """Network outputs in, a :class:`SquashedNormal` (or :class:`SquashedFlow`) out: the std
 parameterisations."""
 
+import functools
 from collections.abc import Callable, Sequence
 
 import distrax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
@@ -100,13 +102,22 @@ def _mean_and_std(mean_and_std, min_std, std_scale) -> tuple[Array, Array]:
     return _mean_and_softplus_std(mean_and_std, min_std, std_scale)
 
 
-@jax.jit  # one program, not one per operation, when called eagerly
+# One program, not one per operation, when called eagerly; one per min_std and std_scale.
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def _mean_and_softplus_std(mean_and_std, min_std, std_scale):
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
     # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
     mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
-    # Floored at the smallest normal float: below it XLA flushes the std to zero.
-    std = jnp.maximum((softplus(raw_std) + min_std) * std_scale, jnp.finfo(raw_std.dtype).tiny)
+    std = (softplus(raw_std) + min_std) * std_scale
+    # Floored at the smallest normal float: below it XLA flushes the std to zero. Since
+    # softplus >= 0, the std is at least min_std * std_scale rounded: where that is normal,
+    # the floor is left out (its gradient would keep a mask of the batch's shape, which on
+    # a TPU the step writes and reads back).
+    dtype = np.dtype(raw_std.dtype)
+    with np.errstate(over="ignore"):
+        least = dtype.type(min_std) * dtype.type(std_scale)
+    if least < np.finfo(dtype).tiny:
+        std = jnp.maximum(std, np.finfo(dtype).tiny)
     return mean, std
 
 

@@ -569,6 +569,31 @@ def test_an_underflowing_log_std_is_floored_and_nan_stays_nan():
     assert np.isnan(dist.scale[3]) and dist.scale[4] == 1.0
 
 
+@pytest.mark.parametrize(
+    "min_std, std_scale",
+    [(0.0, 1.0), (1e-3, 1e-37), (1e-3, 1.0)],
+    ids=["no-min-std", "subnormal-least-std", "normal-least-std"],
+)
+def test_the_softplus_std_is_floored_at_the_smallest_normal_float(min_std, std_scale):
+    # The floor binds where softplus underflows and min_std * std_scale is not a normal
+    # float (the std is left unfloored only where that product is).
+    raw_std = jnp.array([-200.0, -100.0, 0.0, 30.0])
+    mean_and_std = jnp.concatenate([jnp.zeros(4), raw_std])
+    dist = jax.jit(
+        lambda x: samplers.squashed_normal(x, samplers.Tanh(), min_std=min_std, std_scale=std_scale)
+    )(mean_and_std)
+    softplus = np.logaddexp(0.0, np.asarray(raw_std, np.float64))
+    expected = np.maximum((softplus + min_std) * std_scale, np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(dist.scale, expected, rtol=1e-6)
+    assert np.all(dist.scale >= np.finfo(np.float32).tiny)
+    gradient = jax.grad(
+        lambda x: samplers.squashed_normal(
+            x, samplers.Tanh(), min_std=min_std, std_scale=std_scale
+        ).scale.sum()
+    )(mean_and_std)
+    assert np.all(np.isfinite(gradient))
+
+
 CONSTRUCTORS = {
     "from_std": samplers.squashed_normal_from_std,
     "from_log_std": samplers.squashed_normal_from_log_std,
