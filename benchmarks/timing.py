@@ -489,9 +489,7 @@ def save_partial(out_dir, name, results, workloads, conditions, label="case"):
     (``conditions``, a :class:`Conditions`): a run stopped at a time limit keeps them.
     :func:`write_report` removes the file once the whole report is written."""
     record = {
-        "command": conditions.command,
-        "device_kind": conditions.device.device_kind,
-        "samplers": conditions.commit,
+        **conditions.identity(),
         "stopped": True,  # until the whole report replaces the file
         "timings": workload_records(results, workloads, label),
     }
@@ -580,14 +578,21 @@ class Conditions:
             f"flax {version('flax')}, distrax {version('distrax')}, {self.commit}; float32."
         )
 
-    def record(self, rounds):
-        """The JSON record's fields of the conditions."""
+    def identity(self):
+        """The run's command, device and commit: the fields a stopped run's partial
+        report records too."""
         return {
             "command": self.command,
             "device_kind": self.device.device_kind,
+            "samplers": self.commit,
+        }
+
+    def record(self, rounds):
+        """The JSON record's fields of the conditions."""
+        return {
+            **self.identity(),
             "platform": self.device.platform,
             "jax": jax.__version__,
-            "samplers": self.commit,
             "load_average": {"before": self.load_before, "after": self.load_after},
             "rounds": rounds,
         }
