@@ -84,6 +84,47 @@ def test_the_pure_layer_gives_nan_for_a_non_finite_parameter(name):
     )
 
 
+@pytest.mark.parametrize("build", ["normal_tanh", "squashed_flow"])
+def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_own(build):
+    # A loss that masks the non-finite rows out (as a user filtering them does): their
+    # gradient with respect to the network output is exactly 0 in both the reparameterised
+    # actor loss and the replay, and every other row's is the clean input's, bit for bit;
+    # but for raw_std = NaN (the row after BAD's), where softplus's derivative is NaN.
+    clean_input, bad_input = _inputs([*BAD, (A + DIM, jnp.nan)])
+    make = getattr(samplers, build)
+    pre_image = make(clean_input).sample_with_pre_image(seed=jax.random.key(1))[1]
+
+    def losses(params):
+        dist = make(params)
+        actor = dist.sample_with_pre_image(seed=jax.random.key(2))[2]
+        return actor, dist.log_prob_from_pre_image(pre_image)
+
+    for index in range(2):
+
+        def masked(params, index=index):
+            log_prob = losses(params)[index]
+            return jnp.sum(jnp.where(jnp.isfinite(log_prob), log_prob, 0.0))
+
+        bad, clean = jax.grad(masked)(bad_input), jax.grad(masked)(clean_input)
+        np.testing.assert_array_equal(bad[BAD_ROWS], 0.0)
+        assert np.isnan(bad[len(BAD), A + DIM])
+        np.testing.assert_array_equal(bad[len(BAD) + 1 :], clean[len(BAD) + 1 :])
+
+
+def test_the_gradient_keeps_one_mask_of_the_batch_s_shape():
+    # The NaN policy's derivative needs the distribution's mask of invalid dimensions
+    # alone; a second one, from the constructor, was an array the backward pass kept
+    # (written and read back on a TPU).
+    params = jnp.linspace(-1.0, 1.0, 4 * 2 * A).reshape(4, 2 * A)
+    _, backward = jax.vjp(
+        lambda p: samplers.normal_tanh(p).log_prob_from_pre_image(jnp.zeros((4, A))), params
+    )
+    masks = [
+        leaf for leaf in jax.tree.leaves(backward) if getattr(leaf, "dtype", None) == np.dtype(bool)
+    ]
+    assert [mask.shape for mask in masks] == [(4, A)]
+
+
 def _squashed_samplers():
     return {
         "NormalTanhSampler": samplers.NormalTanhSampler(nnx.Rngs(0), 0.01),

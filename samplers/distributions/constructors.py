@@ -102,12 +102,27 @@ def _mean_and_std(mean_and_std, min_std, std_scale) -> tuple[Array, Array]:
     return _mean_and_softplus_std(mean_and_std, min_std, std_scale)
 
 
+@jax.custom_jvp
+def _nan_unless_finite(mean, raw_std):
+    """``mean``, NaN where it or ``raw_std`` is not finite: f(+-inf) would be a finite
+    action (``raw_std = -inf`` a valid std)."""
+    return jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
+
+
+@_nan_unless_finite.defjvp
+def _nan_unless_finite_jvp(primals, tangents):
+    # The derivative is 1 where the value is the mean. Elsewhere the distribution's loc
+    # and scale are NaN, and its own mask (nan_where_invalid) keeps those dimensions out
+    # of the gradient: a second mask here would only be a batch-shaped array that the
+    # backward pass keeps (on a TPU, written and read back).
+    return _nan_unless_finite(*primals), tangents[0]
+
+
 # One program, not one per operation, when called eagerly; one per min_std and std_scale.
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _mean_and_softplus_std(mean_and_std, min_std, std_scale):
     mean, raw_std = jnp.split(mean_and_std, 2, axis=-1)
-    # A non-finite parameter makes its dimension NaN: f(+-inf) would be a finite action.
-    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(raw_std), mean, jnp.nan)
+    mean = _nan_unless_finite(mean, raw_std)
     std = (softplus(raw_std) + min_std) * std_scale
     # Floored at the smallest normal float: below it XLA flushes the std to zero. Since
     # softplus >= 0, the std is at least min_std * std_scale rounded: where that is normal,
