@@ -113,8 +113,8 @@ def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_o
 
 def test_the_gradient_keeps_one_mask_of_the_batch_s_shape():
     # The NaN policy's derivative needs the distribution's mask of invalid dimensions
-    # alone; a second one, from the constructor, was an array the backward pass kept
-    # (written and read back on a TPU).
+    # alone; a second one, from the constructor, would be another array the backward
+    # pass keeps (written and read back on a TPU).
     params = jnp.linspace(-1.0, 1.0, 4 * 2 * A).reshape(4, 2 * A)
     _, backward = jax.vjp(
         lambda p: samplers.normal_tanh(p).log_prob_from_pre_image(jnp.zeros((4, A))), params
