@@ -94,15 +94,16 @@ def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_o
     make = getattr(samplers, build)
     pre_image = make(clean_input).sample_with_pre_image(seed=jax.random.key(1))[1]
 
-    def losses(params):
-        dist = make(params)
-        actor = dist.sample_with_pre_image(seed=jax.random.key(2))[2]
-        return actor, dist.log_prob_from_pre_image(pre_image)
+    def actor(params):
+        return make(params).sample_with_pre_image(seed=jax.random.key(2))[2]
 
-    for index in range(2):
+    def replay(params):
+        return make(params).log_prob_from_pre_image(pre_image)
 
-        def masked(params, index=index):
-            log_prob = losses(params)[index]
+    for log_prob_of in (actor, replay):
+
+        def masked(params, log_prob_of=log_prob_of):
+            log_prob = log_prob_of(params)
             return jnp.sum(jnp.where(jnp.isfinite(log_prob), log_prob, 0.0))
 
         bad, clean = jax.grad(masked)(bad_input), jax.grad(masked)(clean_input)

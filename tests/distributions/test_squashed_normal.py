@@ -576,22 +576,25 @@ def test_an_underflowing_log_std_is_floored_and_nan_stays_nan():
 )
 def test_the_softplus_std_is_floored_at_the_smallest_normal_float(min_std, std_scale):
     # The floor binds where softplus underflows and min_std * std_scale is not a normal
-    # float (the std is left unfloored only where that product is).
+    # float (the std is left unfloored only where that product is). Against float64: the
+    # std, and its derivative sigmoid(raw_std) * std_scale where unfloored, 0 where floored.
+    tiny = np.finfo(np.float32).tiny
     raw_std = jnp.array([-200.0, -100.0, 0.0, 30.0])
     mean_and_std = jnp.concatenate([jnp.zeros(4), raw_std])
-    dist = jax.jit(
-        lambda x: samplers.squashed_normal(x, samplers.Tanh(), min_std=min_std, std_scale=std_scale)
-    )(mean_and_std)
-    softplus = np.logaddexp(0.0, np.asarray(raw_std, np.float64))
-    expected = np.maximum((softplus + min_std) * std_scale, np.finfo(np.float32).tiny)
-    np.testing.assert_allclose(dist.scale, expected, rtol=1e-6)
-    assert np.all(dist.scale >= np.finfo(np.float32).tiny)
-    gradient = jax.grad(
-        lambda x: samplers.squashed_normal(
+
+    def scale(x):
+        return samplers.squashed_normal(
             x, samplers.Tanh(), min_std=min_std, std_scale=std_scale
-        ).scale.sum()
-    )(mean_and_std)
-    assert np.all(np.isfinite(gradient))
+        ).scale
+
+    raw = np.asarray(raw_std, np.float64)
+    unfloored = (np.logaddexp(0.0, raw) + min_std) * std_scale
+    np.testing.assert_allclose(jax.jit(scale)(mean_and_std), np.maximum(unfloored, tiny), rtol=1e-6)
+    assert np.all(jax.jit(scale)(mean_and_std) >= tiny)
+    slope = np.where(unfloored >= tiny, std_scale / (1.0 + np.exp(-raw)), 0.0)
+    slope[slope < tiny] = 0.0  # in float32, flushed to zero as XLA does
+    gradient = jax.grad(lambda x: scale(x).sum())(mean_and_std)
+    np.testing.assert_allclose(gradient, np.concatenate([np.zeros(4), slope]), rtol=1e-6, atol=0)
 
 
 CONSTRUCTORS = {
