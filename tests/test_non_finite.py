@@ -84,14 +84,24 @@ def test_the_pure_layer_gives_nan_for_a_non_finite_parameter(name):
     )
 
 
-@pytest.mark.parametrize("build", ["normal_tanh", "squashed_flow"])
+def _from_log_std(mean_and_log_std):
+    return samplers.squashed_normal_from_log_std(*jnp.split(mean_and_log_std, 2, axis=-1))
+
+
+@pytest.mark.parametrize(
+    "build", ["normal_tanh", "squashed_flow", slow("squashed_normal_from_log_std")]
+)
 def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_own(build):
     # A loss that masks the non-finite rows out (as a user filtering them does): their
     # gradient with respect to the network output is exactly 0 in both the reparameterised
     # actor loss and the replay, and every other row's is the clean input's, bit for bit;
-    # but for raw_std = NaN (the row after BAD's), where softplus's derivative is NaN.
+    # but for raw_std = NaN (the row after BAD's), where softplus's derivative is NaN, and
+    # for log_std = +inf, where exp's is infinite.
     clean_input, bad_input = _inputs([*BAD, (A + DIM, jnp.nan)])
-    make = getattr(samplers, build)
+    make = _from_log_std if build == "squashed_normal_from_log_std" else getattr(samplers, build)
+    expected = np.zeros((len(BAD), 2 * A))
+    if build == "squashed_normal_from_log_std":
+        expected[BAD.index((A + DIM, jnp.inf)), A + DIM] = np.nan
     pre_image = make(clean_input).sample_with_pre_image(seed=jax.random.key(1))[1]
 
     def actor(params):
@@ -107,19 +117,26 @@ def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_o
             return jnp.sum(jnp.where(jnp.isfinite(log_prob), log_prob, 0.0))
 
         bad, clean = jax.grad(masked)(bad_input), jax.grad(masked)(clean_input)
-        np.testing.assert_array_equal(bad[BAD_ROWS], 0.0)
+        np.testing.assert_array_equal(bad[BAD_ROWS], expected)
         assert np.isnan(bad[len(BAD), A + DIM])
         np.testing.assert_array_equal(bad[len(BAD) + 1 :], clean[len(BAD) + 1 :])
 
 
-def test_the_gradient_keeps_one_mask_of_the_batch_s_shape():
+@pytest.mark.parametrize(
+    "build",
+    [
+        samplers.normal_tanh,
+        lambda x: samplers.squashed_normal(x, samplers.BoundedTanh(-2.0, 3.0)),
+        samplers.squashed_flow,
+    ],
+    ids=["normal_tanh", "squashed_normal", "squashed_flow"],
+)
+def test_the_gradient_keeps_one_mask_of_the_batch_s_shape(build):
     # The NaN policy's derivative needs the distribution's mask of invalid dimensions
     # alone; a second one, from the constructor, would be another array the backward
     # pass keeps (written and read back on a TPU).
     params = jnp.linspace(-1.0, 1.0, 4 * 2 * A).reshape(4, 2 * A)
-    _, backward = jax.vjp(
-        lambda p: samplers.normal_tanh(p).log_prob_from_pre_image(jnp.zeros((4, A))), params
-    )
+    _, backward = jax.vjp(lambda p: build(p).log_prob_from_pre_image(jnp.zeros((4, A))), params)
     masks = [
         leaf for leaf in jax.tree.leaves(backward) if getattr(leaf, "dtype", None) == np.dtype(bool)
     ]

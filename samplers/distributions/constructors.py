@@ -264,7 +264,7 @@ def squashed_normal_from_log_std(
             f"log_std_min must be <= log_std_max, got {log_std_min} > {log_std_max}; "
             f"swap them (e.g. log_std_min=-20.0, log_std_max=2.0)."
         )
-    mean = jnp.where(jnp.isfinite(mean) & jnp.isfinite(log_std), mean, jnp.nan)
+    mean = _nan_unless_finite(mean, log_std)
     # Clipped with where: jnp.clip halves the gradient of a log_std on a bound.
     if log_std_min is not None:
         log_std = jnp.where(log_std < log_std_min, log_std_min, log_std)
