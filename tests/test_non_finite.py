@@ -98,9 +98,9 @@ def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_o
     # but for raw_std = NaN (the row after BAD's), where softplus's derivative is NaN, and
     # for log_std = +inf, where exp's is infinite.
     clean_input, bad_input = _inputs([*BAD, (A + DIM, jnp.nan)])
-    make = _from_log_std if build == "squashed_normal_from_log_std" else getattr(samplers, build)
-    expected = np.zeros((len(BAD), 2 * A))
+    make, expected = getattr(samplers, build), np.zeros((len(BAD), 2 * A))
     if build == "squashed_normal_from_log_std":
+        make = _from_log_std
         expected[BAD.index((A + DIM, jnp.inf)), A + DIM] = np.nan
     pre_image = make(clean_input).sample_with_pre_image(seed=jax.random.key(1))[1]
 
