@@ -7,8 +7,9 @@ head's parameters, as pure functions of them, then tanh. Both store the squashin
 pre-image ``x_K`` and score it in the loss through the layers' inverses
 (``inverse_and_log_det``), and both estimate the entropy as the Normal's plus the
 log-determinant at one draw. The hand-written rollout and actor score a fresh draw
-forward (``forward_and_log_det``); the head scores it as its replay will, through the
-inverses after the forward pass. Both run under ``jax.jit`` on the same network output
+forward (``forward_and_log_det``); the head's rollout scores it as its replay will,
+through the inverses after the forward pass, and its actor step (``reparameterized``)
+forward. Both run under ``jax.jit`` on the same network output
 ``[mean | raw_std | features]``, in interleaved rounds with a fresh random order each
 round; a cell is the median over rounds of the ratio of the head's time to the
 hand-written time in the same round, with min and max. A third column runs the
@@ -317,9 +318,9 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         "(`sample_pre_image` and `forward_and_log_prob` in the rollout, "
         "`log_prob_from_pre_image` and `entropy_estimate` in the loss, "
         "`sample_and_log_prob` in the actor step), which separates what the module adds. "
-        "The head's rollout and actor step, and the pure layer's rollout, score a fresh "
-        "draw as their replay will: the layers' inverse after their forward pass; the "
-        "pure layer's actor step scores it forward, as the hand-written one does. Each "
+        "The rollouts of the head and of the pure layer score a fresh draw as their "
+        "replay will: the layers' inverse after their forward pass; the actor steps of "
+        "both score it forward, as the hand-written one does. Each "
         "cell: median over "
         f"{rounds} interleaved rounds of time / hand-written time in the same round "
         "(min-max); below 1 is faster than the hand-written code.",

@@ -345,7 +345,9 @@ class PreImageReplay(distrax.Transformed, Replayable):
         Float[Array, "*batch action"], Float[Array, "*batch action"], Float[Array, "*batch"]
     ]:
         """``(action, pre_image, log_prob)`` in one pass, with no inverse:
-        :meth:`sample_with_replay`. Store ``pre_image`` to replay the action later.
+        :meth:`sample_with_replay` (a :class:`samplers.SquashedFlow`, whose replay
+        inverts its layers, scores the draw forward instead). Store ``pre_image`` to
+        replay the action later.
 
         ``seed`` is one key (or an integer), or one typed key per batch element.
 

@@ -72,7 +72,8 @@ class ActionSampler(StatefulModule, abc.ABC):
       the deterministic one, and emit its replay data as ``rollout_extras``;
     - ``rollout_extras`` of an earlier call (the loss pass): score that stored data
       under the current ``inputs``, reproducing the rollout's log-likelihood bit for
-      bit for the same inputs and batch shape.
+      bit for the same inputs and batch shape (a :class:`samplers.FlowSampler`'s to
+      float rounding: see it).
 
     The output is ``{"action", "log_likelihood"}`` (a composite adds
     ``"log_likelihoods"``); ``regularization_loss`` is ``-entropy_weight *
@@ -222,11 +223,11 @@ class ActionSampler(StatefulModule, abc.ABC):
         )
         old_log_likelihood = None
         if rollout_extras is None:
-            data = self._draw_data(inputs, dist, modes, sample_key)
+            data, output, own = self._sample(inputs, dist, modes, sample_key)
         else:
             data, old_log_likelihood = self._unpack(dist, rollout_extras)
             data = jax.lax.stop_gradient(data)
-        output, own = self._replay(dist, data)
+            output, own = self._replay(dist, data)
         return StatefulModuleOutput(
             next_state=next_state,
             output=output,
@@ -247,6 +248,12 @@ class ActionSampler(StatefulModule, abc.ABC):
     def _entropy_needs_key(self) -> bool:
         """Whether the entropy cost is estimated from a sample (and needs a key)."""
         return False
+
+    def _sample(self, inputs, dist, modes: Any, key) -> tuple[Any, dict, Any]:
+        """``(data, output, own)`` of a fresh sample or the deterministic action: its
+        replay data, scored as a replay of it is."""
+        data = self._draw_data(inputs, dist, modes, key)
+        return (data, *self._replay(dist, data))
 
     def _draw_data(self, inputs, dist, modes: Any, key) -> Any:
         """The replay data of the deterministic action or of a fresh sample."""

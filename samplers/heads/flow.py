@@ -48,14 +48,16 @@ class FlowSampler(SquashedNormalSampler):
     The replay data is the squashing's pre-image ``x_K``, which fixes the action; a
     replay scores it by inverting the layers under the current parameters (never the
     squashing), so a saturated action stays finite and the gradient with respect to
-    the conditioners is that of the log-density of the action taken. A sample's
-    log-likelihood is computed the same way, at the cost of the layers' inverse
-    after their forward pass; its replay reproduces it to float32 rounding (the
-    rollout and the loss are different XLA programs, whose matrix products may
-    round differently), which spline layers amplify where a bin is nearly flat
-    (see the flow guide for the bound). A SAC actor loss that takes
-    ``head.distribution(inputs).sample_and_log_prob(seed=key)`` scores its fresh draw
-    forward instead, without the inverse. The entropy has no closed form: ``entropy`` is
+    the conditioners is that of the log-density of the action taken. A rollout's
+    sample is scored the same way, at the cost of the layers' inverse after their
+    forward pass; its replay reproduces it to float32 rounding (the rollout and the
+    loss are different XLA programs, whose matrix products may round differently),
+    which spline layers amplify where a bin is nearly flat (see the flow guide for
+    the bound). With ``reparameterized=True`` (SAC, whose actor loss differentiates
+    a fresh sample and does not replay it) a fresh sample is scored forward instead,
+    as ``dist.sample_and_log_prob`` scores it: the layers' log-determinants taken on
+    the way out, no inverse run; its replay agrees to float rounding, not bit for
+    bit. The entropy has no closed form: ``entropy`` is
     ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
     draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
     ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).
@@ -84,7 +86,8 @@ class FlowSampler(SquashedNormalSampler):
         std_scale: Multiplies the std.
         bijector: The elementwise squashing (``samplers.Tanh()`` by default).
         entropy: ``"sample"``, ``("sample", n)`` or ``"base"``, as above.
-        reparameterized: If True, a fresh sample keeps its pathwise gradient (SAC).
+        reparameterized: If True, a fresh sample keeps its pathwise gradient and is
+            scored forward (SAC).
         per_env_streams: One random stream per environment in the carry state; an
             environment's base draw does not depend on the rest of the batch, its
             action to rounding (the conditioners' matrix products round by batch size).
@@ -205,6 +208,14 @@ class FlowSampler(SquashedNormalSampler):
             min_std=self.min_std,
             std_scale=self.std_scale,
         )
+
+    def _sample(self, inputs, dist: SquashedFlow, modes, key):
+        if modes or not self.reparameterized:
+            return super()._sample(inputs, dist, modes, key)
+        # A SAC actor differentiates a fresh sample and does not replay it: scored
+        # forward, without the layers' inverse.
+        action, pre_image, log_likelihood = dist.sample_with_pre_image(seed=key)
+        return pre_image, {"action": action, "log_likelihood": log_likelihood}, log_likelihood
 
     def _layer(self, index: int, features) -> distrax.MaskedCoupling:
         """Coupling layer ``index``, its conditioner seeing ``features``."""

@@ -148,9 +148,66 @@ def test_the_pathwise_gradient_matches_a_central_difference():
         np.testing.assert_allclose(grad[:, column].sum(), numeric, rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("transform", ["affine", slow("spline", id="spline")])
+def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_gradients(
+    transform,
+):
+    """A SAC actor's fresh sample is ``dist.sample_with_pre_image``'s, scored forward
+    with no inverse: the same arrays from the head's key, the replay's value to float32
+    rounding, and in float64 the value and the gradients of ``alpha log pi(a) - Q(a)``
+    with respect to the inputs and every conditioner weight of the inverse path's
+    (``sample_with_replay``), saturated rows included."""
+    head = _learned(_head(reparameterized=True, transform=transform), seed=7)
+    x = jnp.concatenate([_inputs(4, seed=10), _inputs(4, seed=11, saturated=True)])
+    unused = nnx.clone(head)
+    key = nnx.clone(head).rng.action()  # the key the call draws first
+    out = head((), x)
+    action, pre_image, log_prob = head.distribution(x).sample_with_pre_image(seed=key)
+    np.testing.assert_array_equal(out.output["log_likelihood"], log_prob)
+    np.testing.assert_array_equal(out.output["action"], action)
+    np.testing.assert_array_equal(out.rollout_extras, pre_image)
+    assert np.any(np.abs(np.asarray(action[4:])) == 1.0)  # actions on a bound
+    replayed = head.distribution(x).replay(pre_image)[1]
+    np.testing.assert_allclose(replayed, log_prob, rtol=1e-5, atol=1e-5)
+
+    def actor_loss(sample):
+        def loss(head, x):
+            action, log_prob = sample(head, x)
+            return jnp.sum(0.2 * log_prob - jnp.sum(jnp.square(action - 0.3), -1))
+
+        return loss
+
+    def by_the_head(head, x):
+        out = head((), x)
+        return out.output["action"], out.output["log_likelihood"]
+
+    def through_the_inverse(head, x):
+        action, _, log_prob = head.distribution(x).sample_with_replay(seed=key)
+        return action, log_prob
+
+    with jax.enable_x64(True):
+        x64 = jnp.asarray(x, jnp.float64)
+        weights = nnx.state(unused, nnx.Param)
+        nnx.update(unused, jax.tree.map(lambda w: jnp.asarray(w, jnp.float64), weights))
+        value, got = nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1))(
+            nnx.clone(unused), x64
+        )
+        expected, want = nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))(
+            unused, x64
+        )
+    np.testing.assert_allclose(value, expected, rtol=1e-8)
+    assert np.max(np.abs(np.asarray(want[1]))) > 1e-2
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-10)
+    weights = jax.tree.leaves_with_path(nnx.to_pure_dict(got[0]))
+    for (path, g), w in zip(weights, jax.tree.leaves(nnx.to_pure_dict(want[0])), strict=True):
+        assert np.max(np.abs(np.asarray(w))) > 1e-4, path
+        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=str(path))
+
+
 @pytest.mark.slow
-def test_per_environment_streams_draw_each_row_from_its_own_key():
-    head = _learned(_head(per_env_streams=True))
+@pytest.mark.parametrize("reparameterized", [False, True])
+def test_per_environment_streams_draw_each_row_from_its_own_key(reparameterized):
+    head = _learned(_head(per_env_streams=True, reparameterized=reparameterized))
     keys = head.initialize_state(6)
     x = _inputs(6, seed=5)
     whole = head(keys, x)
