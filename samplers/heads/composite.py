@@ -131,7 +131,7 @@ class _Composite(ActionSampler):
         found = list(paths(self._spec()))
         return [None] * len(found) if key is None else part_keys(key, found)
 
-    def _draw_data(self, inputs, dist, modes, key) -> Any:
+    def _sample(self, inputs, dist, modes, key) -> tuple[Any, dict, list]:
         rows = zip(
             self._heads(),
             self._slices(inputs),
@@ -140,7 +140,9 @@ class _Composite(ActionSampler):
             self._part_keys(key),
             strict=True,
         )
-        return build(self._spec(), [h._draw_data(x, d, m, k) for h, x, d, m, k in rows])
+        sampled = [h._sample(x, d, m, k) for h, x, d, m, k in rows]
+        data = build(self._spec(), [part_data for part_data, _, _ in sampled])
+        return (data, *self._joined(dist, [(out, own) for _, out, own in sampled]))
 
     def _unpack(self, dist, rollout_extras) -> tuple[Any, list]:
         rows = zip(
@@ -153,17 +155,17 @@ class _Composite(ActionSampler):
         return build(self._spec(), [data for data, _ in unpacked]), [old for _, old in unpacked]
 
     def _replay(self, dist, data) -> tuple[dict, list]:
-        batch_shape = dist.batch_shape
-        own = []
-        for (path, head), d, x in zip(
-            self._parts(),
-            self._split(dist.parts, "parts"),
-            self._split(data, "data"),
-            strict=True,
-        ):
-            out, part_own = head._replay(d, x)
-            _check_batch_shape(path, head, "log_likelihood", out["log_likelihood"], batch_shape)
-            own.append((out, part_own))
+        rows = zip(
+            self._heads(), self._split(dist.parts, "parts"), self._split(data, "data"), strict=True
+        )
+        return self._joined(dist, [head._replay(d, x) for head, d, x in rows])
+
+    def _joined(self, dist, own: list) -> tuple[dict, list]:
+        """The output of the parts' ``(output, own)`` pairs, and the pairs as ``own``."""
+        for (path, head), (out, _) in zip(self._parts(), own, strict=True):
+            _check_batch_shape(
+                path, head, "log_likelihood", out["log_likelihood"], dist.batch_shape
+            )
         action = build(self._spec(), [out["action"] for out, _ in own])
         own_log_likelihoods = build(self._spec(), [out["log_likelihood"] for out, _ in own])
         log_likelihoods, log_likelihood = dist.combine(action, own_log_likelihoods)

@@ -205,6 +205,35 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
 
 
 @pytest.mark.slow
+def test_a_reparameterized_flow_part_of_a_composite_is_scored_forward():
+    """In a ``CompositeSampler`` the flow part samples as the head alone does: with
+    ``reparameterized=True`` its log-likelihood is ``sample_with_pre_image``'s from the
+    part's key, the other part's and the sum as before."""
+    rngs = nnx.Rngs(params=0, action=1)
+    flow = _learned(_head(reparameterized=True), seed=8)
+    composite = samplers.CompositeSampler(
+        {"choice": samplers.CategoricalSampler(rngs, 0.0, 3), "flow": flow}, rngs=rngs
+    )
+    x = jax.random.normal(jax.random.key(12), (8, composite.num_params))
+    key = nnx.clone(composite).rng.action()  # the key the call draws first
+    out = composite((), x)
+    dist = composite.distribution(x)
+    part_key = samplers.distributions.composite.part_key
+    _, pre_image, log_prob = dist.parts["flow"].sample_with_pre_image(
+        seed=part_key(key, ("flow",))
+    )
+    np.testing.assert_array_equal(out.rollout_extras["flow"], pre_image)
+    np.testing.assert_array_equal(out.output["log_likelihoods"]["flow"], log_prob)
+    choice = out.rollout_extras["choice"]
+    np.testing.assert_array_equal(
+        out.output["log_likelihoods"]["choice"], dist.parts["choice"].log_prob(choice)
+    )
+    np.testing.assert_array_equal(
+        out.output["log_likelihood"], out.output["log_likelihoods"]["choice"] + log_prob
+    )
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("reparameterized", [False, True])
 def test_per_environment_streams_draw_each_row_from_its_own_key(reparameterized):
     head = _learned(_head(per_env_streams=True, reparameterized=reparameterized))
