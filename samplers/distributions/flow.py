@@ -261,11 +261,7 @@ class SquashedFlow(PreImageReplay):
 
         Example:
             >>> import distrax, jax, jax.numpy as jnp, samplers
-            >>> layer = distrax.MaskedCoupling(
-            ...     jnp.array([True, False]),
-            ...     lambda x: jnp.stack([x, x], -1),
-            ...     lambda p: distrax.ScalarAffine(shift=p[..., 0], log_scale=0.5 * p[..., 1]),
-            ... )
+            >>> layer = distrax.Block(distrax.ScalarAffine(shift=0.5, scale=2.0), 1)
             >>> dist = samplers.SquashedFlow(jnp.zeros(2), jnp.ones(2), [layer])
             >>> action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
             >>> bool(dist.sample_and_log_prob(seed=jax.random.key(0))[1] == log_prob)
