@@ -207,8 +207,7 @@ class SquashedFlow(PreImageReplay):
         """Draws ``x_K = g_K(... g_1(loc + scale * eps))``, reparameterised (gradients
         reach ``loc``, ``scale`` and the layers); ``seed`` is one key (or an integer) or
         one typed key per batch element."""
-        draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
-        return self._pre_image_of(draw)
+        return self._pre_image_of(self._base_draw(seed))
 
     def sample_and_log_prob(
         self, *, seed: Seed, sample_shape: SampleShape = ()
@@ -270,9 +269,12 @@ class SquashedFlow(PreImageReplay):
             >>> bool(jnp.abs(replayed - log_prob) < 1e-5 * (1 + jnp.abs(log_prob)))
             True
         """
-        draw = self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
-        pre_image, log_prob = self._scored_forward(draw)
+        pre_image, log_prob = self._scored_forward(self._base_draw(seed))
         return self._remember(pre_image), pre_image, log_prob
+
+    def _base_draw(self, seed) -> Array:
+        """``x0 = loc + scale * eps``, from one key or one key per batch element."""
+        return self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
 
     def _scored_forward(self, draw) -> tuple[Array, Array]:
         """``(x_K, log_prob)`` of a base draw ``x0``, the layers' log-determinants

@@ -159,7 +159,7 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
     (``sample_with_replay``), saturated rows included."""
     head = _learned(_head(reparameterized=True, transform=transform), seed=7)
     x = jnp.concatenate([_inputs(4, seed=10), _inputs(4, seed=11, saturated=True)])
-    unused = nnx.clone(head)
+    fresh = nnx.clone(head)  # the head before the call, its stream as it was
     key = nnx.clone(head).rng.action()  # the key the call draws first
     out = head((), x)
     action, pre_image, log_prob = head.distribution(x).sample_with_pre_image(seed=key)
@@ -187,13 +187,13 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
 
     with jax.enable_x64(True):
         x64 = jnp.asarray(x, jnp.float64)
-        weights = nnx.state(unused, nnx.Param)
-        nnx.update(unused, jax.tree.map(lambda w: jnp.asarray(w, jnp.float64), weights))
+        weights = nnx.state(fresh, nnx.Param)
+        nnx.update(fresh, jax.tree.map(lambda w: jnp.asarray(w, jnp.float64), weights))
         value, got = nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1))(
-            nnx.clone(unused), x64
+            nnx.clone(fresh), x64
         )
         expected, want = nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))(
-            unused, x64
+            fresh, x64
         )
     np.testing.assert_allclose(value, expected, rtol=1e-8)
     assert np.max(np.abs(np.asarray(want[1]))) > 1e-2
