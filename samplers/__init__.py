@@ -14,15 +14,16 @@ Two layers, one direction of imports:
   discrete distributions with action masks; :class:`Composite` (independent parts
   of a ``Dict`` or ``Tuple`` action), :class:`Parameterized` (a choice among
   discrete actions with parameters of their own) and :class:`Autoregressive`
-  (sub-actions each conditioned on the earlier ones) are distributions over
-  structured actions; :class:`SquashedFlow` (built by :func:`squashed_flow`) is a
-  Normal through learned layers, such as state-conditioned coupling layers, then a
-  squashing; :class:`TokenCategorical` is a Categorical over a language model's
-  vocabulary, truncated, streamed in blocks, whose support a sample stores
+  (sub-actions each conditioned on the earlier ones, masked by functions of them or
+  by a :class:`MaskTable`) are distributions over structured actions;
+  :class:`SquashedFlow` (built by :func:`squashed_flow`) is a Normal through learned
+  layers, such as state-conditioned coupling layers, then a squashing;
+  :class:`TokenCategorical` is a Categorical over a language model's vocabulary,
+  truncated, streamed in blocks, whose support a sample stores
   (:func:`support_from_kept_ids` imports a sampling engine's); :class:`Replayable` is
-  the protocol of a distribution that samples an
-  action with its replay data; :func:`saturation_fraction`, :func:`bound_distance` and
-  :func:`ppo_log_ratio_stats` diagnose the actions.
+  the protocol of a distribution that samples an action with its replay data;
+  :func:`saturation_fraction`, :func:`bound_distance` and :func:`ppo_log_ratio_stats`
+  diagnose the actions.
 - :mod:`samplers.heads`, the NNX shell: heads built on :class:`ActionSampler` that
   hold the RNG stream, deterministic mode, the replay of stored data and the entropy
   cost. :class:`SquashedNormalSampler` (and its specified name

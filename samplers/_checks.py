@@ -183,13 +183,13 @@ def nvec(value) -> tuple[int, ...]:
     return tuple(int(n) for n in values)
 
 
-def stored_action_dtype(action: jax.Array, dtype) -> None:
-    """Refuses a stored action that ``log_prob`` would take for another action."""
+def stored_action_dtype(name: str, action: jax.Array, dtype) -> None:
+    """Refuses a stored action (``name``) that ``log_prob`` would take for another action."""
     if not jnp.issubdtype(dtype, jnp.floating):
         if jnp.issubdtype(action.dtype, jnp.integer) or action.dtype == dtype:
             return
         raise TypeError(
-            f"rollout_extras must have an integer dtype, as this distribution samples "
+            f"{name} must have an integer dtype, as this distribution samples "
             f"{dtype} actions, got {action.dtype}: distrax scores a non-integer action "
             f"such as 1.7 silently (a Categorical as log-likelihood 0); store the sampled "
             f"actions, or cast with .astype(jnp.{dtype})."
@@ -199,7 +199,7 @@ def stored_action_dtype(action: jax.Array, dtype) -> None:
     ):
         return
     raise TypeError(
-        f"rollout_extras must have a floating dtype of at least {jnp.finfo(dtype).bits} "
+        f"{name} must have a floating dtype of at least {jnp.finfo(dtype).bits} "
         f"bits, as this distribution samples {dtype} actions, got {action.dtype}: an "
         f"integer or rounded action is not the sampled one, so its log-likelihood and the "
         f"PPO ratio change; store the actions as the rollout call emitted them, or cast "
@@ -208,26 +208,28 @@ def stored_action_dtype(action: jax.Array, dtype) -> None:
 
 
 def replayed_pre_image(
-    rollout_extras,
+    name: str,
+    stored,
     action_shape: tuple[int, ...],
     dtype,
     *,
     hint: str = " (the stored pre-tanh action)",
 ) -> jax.Array:
-    """Returns a replayed pre-image after checking it against the action shape and dtype.
+    """Returns a stored pre-image (``name``) after checking it against the action shape
+    and dtype.
 
     Raises:
         TypeError: it is not floating (``hint`` names what was expected), or is
             stored in fewer bits than ``dtype`` (see :func:`stored_precision`).
         ValueError: its shape is not ``action_shape``.
     """
-    pre_image = float_array("rollout_extras", rollout_extras, hint=hint)
-    stored_precision("rollout_extras", pre_image, dtype)
+    pre_image = float_array(name, stored, hint=hint)
+    stored_precision(name, pre_image, dtype)
     if pre_image.shape != action_shape:
         raise ValueError(
-            f"rollout_extras must have the action shape {action_shape} (the stored raw "
-            f"action of this batch), got {pre_image.shape}; pass the rollout_extras that "
-            f"the rollout call returned for these inputs."
+            f"{name} must have the action shape {action_shape} (the stored raw "
+            f"action of this batch), got {pre_image.shape}; pass it as the sample of these "
+            f"inputs returned it."
         )
     return pre_image
 
@@ -239,6 +241,18 @@ def stored_precision(name: str, stored: jax.Array, dtype) -> None:
         raise TypeError(
             f"{name} must be stored in {dtype} (or wider), the dtype this sampler "
             f"computes in, got {stored.dtype}: the rounded value is not the one the rollout "
-            f"emitted, so its log-likelihood and the PPO ratio change; store rollout_extras "
+            f"emitted, so its log-likelihood and the PPO ratio change; store {name} "
             f"in {dtype}, as the rollout call emitted them."
+        )
+
+
+def nonempty(name: str, value: jax.Array, axis=None) -> None:
+    """Refuses (``ValueError``) an array whose axes to reduce over (``axis``, as in
+    ``jnp.mean``; ``None`` for all) hold no element: its mean is NaN and its maximum
+    undefined."""
+    axes = range(value.ndim) if axis is None else np.atleast_1d(axis)
+    if any(value.shape[int(a)] == 0 for a in axes):
+        raise ValueError(
+            f"{name} is empty along the axes reduced over (shape {value.shape}); pass at "
+            f"least one element, e.g. skip the statistics of an empty minibatch."
         )

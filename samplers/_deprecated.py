@@ -1,8 +1,10 @@
-"""Free functions that repeated a ``SquashedNormal`` method: aliases, deprecated.
-
-Each one warns and calls the method, which is the one implementation.
+"""What is deprecated, in one place: the free functions that repeated a
+``SquashedNormal`` method (each warns and calls the method, the one implementation),
+and the heads' old argument names.
 """
 
+import functools
+import inspect
 import warnings
 
 from jaxtyping import Array, ArrayLike, Float
@@ -102,3 +104,71 @@ def kl_divergence(p: SquashedNormal, q: SquashedNormal) -> Float[Array, "*batch"
     _require(p, "p")
     _require(q, "q")
     return p.kl_divergence(q)
+
+
+# The heads' deprecated arguments.
+
+# The network output's keyword names before it was ``inputs`` everywhere.
+_OLD_INPUT_NAMES = ("mean_and_std", "params", "logits", "mean")
+
+
+def renamed_inputs(method):
+    """Takes the network output under its old keyword names, with a deprecation warning."""
+
+    # How many positional arguments come before ``inputs`` (``self`` not counted).
+    position = list(inspect.signature(method).parameters).index("inputs") - 1
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        for old in _OLD_INPUT_NAMES:
+            if old in kwargs:
+                warnings.warn(
+                    f"{type(self).__name__}.{method.__name__}({old}=...) is deprecated; pass "
+                    f"the network output positionally or as inputs=.",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                if "inputs" in kwargs or len(args) > position:
+                    raise TypeError(f"pass the network output once, not also as {old}=.")
+                kwargs["inputs"] = kwargs.pop(old)
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+def renamed_rng(rngs, rng):
+    """``rngs``, or the stream passed under its deprecated name ``rng=``."""
+    if rng is None:
+        return rngs
+    _warn_caller(
+        "the rng= keyword is deprecated; pass the nnx.Rngs as rngs= (flax's name) "
+        "or as the first positional argument."
+    )
+    if rngs is not None:
+        raise TypeError("pass the random stream once, as rngs, not also as rng=.")
+    return rng
+
+
+def counted_entropy(entropy, entropy_points, counted):
+    """``entropy``, or ``(entropy, entropy_points)`` passed under the deprecated
+    ``entropy_points=`` (``counted``: the choices that take a count)."""
+    if entropy_points is None:
+        return entropy
+    _warn_caller(
+        f"entropy_points= is deprecated; pass entropy=({entropy!r}, {entropy_points!r}) "
+        f"as one value."
+    )
+    if entropy not in counted:
+        raise ValueError(
+            f"entropy={entropy!r} takes no entropy_points, got {entropy_points!r}; "
+            f"use entropy=('sample', n) or ('quadrature', n)."
+        )
+    return entropy, entropy_points
+
+
+def _warn_caller(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the first caller outside this package."""
+    frame, level = inspect.currentframe(), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("samplers"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)

@@ -42,6 +42,7 @@ def test_public_names_are_pinned():
         "Parameterized",
         "ParameterizedSampler",
         "Replayable",
+        "Scored",
         "Sigmoid",
         "SquashedBeta",
         "SquashedFlow",

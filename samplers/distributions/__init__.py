@@ -11,13 +11,14 @@ and the diagnostics of its actions (:mod:`.diagnostics`). The NNX shell
 (:mod:`samplers.heads`) imports this layer, never the other way round.
 """
 
-from samplers.distributions.autoregressive import Autoregressive
-from samplers.distributions.beta import LogitBeta, SquashedBeta, squashed_beta
+from samplers.distributions.autoregressive import Autoregressive, MaskTable
+from samplers.distributions.beta import LogitBeta, SquashedBeta
 from samplers.distributions.bijectors import BoundedTanh, Sigmoid, Squashing, Tanh
 from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.composite import Composite, Parameterized
 from samplers.distributions.constructors import (
     normal_tanh,
+    squashed_beta,
     squashed_flow,
     squashed_normal,
     squashed_normal_from_log_std,
@@ -34,14 +35,12 @@ from samplers.distributions.replay import Replayable
 from samplers.distributions.squashed_normal import SquashedNormal
 from samplers.distributions.tokens import TokenCategorical, support_from_kept_ids
 
-# Registers the KL divergence of two squashed Normals with TFP.
-from samplers.distributions import kl  # noqa: F401  # isort: skip
-
 __all__ = [
     "Autoregressive",
     "BoundedTanh",
     "Composite",
     "LogitBeta",
+    "MaskTable",
     "MaskedCategorical",
     "MultiBinary",
     "MultiDiscrete",

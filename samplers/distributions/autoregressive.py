@@ -18,6 +18,7 @@ pre-image; see :mod:`samplers.distributions.replay`):
   :meth:`Autoregressive.entropy_along` is the estimate from one prefix.
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,11 +29,12 @@ from jaxtyping import Array, PRNGKeyArray
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
-from samplers.distributions import _pre_images
+from samplers.distributions import _keys
 from samplers.distributions import replay as _replay
 from samplers.distributions.categorical import MaskedCategorical
-from samplers.distributions.composite import ordered_sum, part_keys
+from samplers.distributions.composite import Composite, leaves, ordered_sum, spec_of
 from samplers.distributions.discrete import MultiBinary, MultiDiscrete
+from samplers.distributions.pre_image import PreImageReplay
 from samplers.distributions.replay import Replayable
 
 tfd = tfp.distributions
@@ -166,8 +168,10 @@ class Autoregressive(distrax.Distribution, Replayable):
 
     def sample_replay_data(self, *, seed) -> dict:
         """Each sub-action's replay data, drawn in order from the key of its name."""
-        seed = _replay.integer_seed(seed)
-        keys = dict(zip(self._names, part_keys(seed, [(n,) for n in self._names]), strict=True))
+        seed = _keys.integer_seed(seed)
+        keys = dict(
+            zip(self._names, _keys.part_keys(seed, [(n,) for n in self._names]), strict=True)
+        )
         return self._draw(lambda name, d: _replay.sample_replay_data(d, keys[name]))
 
     def deterministic_replay_data(self) -> dict:
@@ -176,29 +180,41 @@ class Autoregressive(distrax.Distribution, Replayable):
 
     def replay_parts(self, replay_data: dict) -> tuple[dict, dict]:
         """``(action, log_probs)``: each sub-action and its conditional log-probability."""
-        pairs = {
-            name: _replay.replay(dist, replay_data[name])
-            for name, dist in self.step_distributions(replay_data).items()
-        }
-        log_probs, _ = _after_impossible(self._names, {n: lp for n, (_, lp) in pairs.items()})
-        return {n: a for n, (a, _) in pairs.items()}, log_probs
+        action, log_probs, _ = self._replay_steps(replay_data, self.step_distributions(replay_data))
+        return action, log_probs
+
+    def replay_with_entropies(self, replay_data: dict) -> tuple[dict, dict, dict]:
+        """``(action, log_probs, entropies)``: :meth:`replay_parts` and
+        :meth:`conditional_entropies`, from the step distributions built once."""
+        dists = self.step_distributions(replay_data)
+        action, log_probs, impossible = self._replay_steps(replay_data, dists)
+        return action, log_probs, _entropies(dists, impossible)
+
+    def _replay_steps(self, replay_data: dict, dists: dict) -> tuple[dict, dict, dict]:
+        """``(action, log_probs, impossible)`` of the stored data under the step
+        distributions built from it."""
+        pairs = {name: _replay.replay(dist, replay_data[name]) for name, dist in dists.items()}
+        own = {n: lp for n, (_, lp) in pairs.items()}
+        log_probs, impossible = _after_impossible(self._names, own)
+        return {n: a for n, (a, _) in pairs.items()}, log_probs, impossible
 
     def replay(self, replay_data: dict) -> tuple[dict, Array]:
         """The sub-actions and the sum of their log-probabilities, teacher-forced."""
         action, log_probs = self.replay_parts(replay_data)
         return action, ordered_sum(list(log_probs.values()))
 
-    def check_replay_data(self, replay_data: Any) -> dict:
+    def check_replay_data(self, replay_data: Any, name: str = "replay data") -> dict:
         """Each sub-action's data checked by its step's distribution; refuses data that is
         not a dict by sub-action name."""
         if not isinstance(replay_data, Mapping) or set(replay_data) != set(self._names):
             got = sorted(replay_data) if isinstance(replay_data, Mapping) else replay_data
             raise ValueError(
-                f"rollout_extras must be a dict with the sub-actions {list(self._names)}, got "
-                f"{type(replay_data).__name__} {got}; pass the rollout_extras of the "
-                f"rollout call."
+                f"{name} must be a dict with the sub-actions {list(self._names)}, got "
+                f"{type(replay_data).__name__} {got}; pass the {name} of a sample."
             )
-        return self._draw(lambda name, d: _replay.check_replay_data(d, replay_data[name]))
+        return self._draw(
+            lambda k, d: _replay.check_replay_data(d, replay_data[k], f"{name}[{k!r}]")
+        )
 
     # distrax's methods.
 
@@ -253,14 +269,7 @@ class Autoregressive(distrax.Distribution, Replayable):
     def conditional_entropies(self, replay_data: dict) -> dict[str, Array]:
         """Each sub-action's entropy given the stored earlier ones, by name (0 where the
         stored prefix has probability 0 and the sub-action no distribution)."""
-        dists = self.step_distributions(replay_data)
-        log_probs = {n: _replay.replay(d, replay_data[n])[1] for n, d in dists.items()}
-        _, impossible = _after_impossible(self._names, log_probs)
-        entropies = {name: jnp.asarray(dist.entropy()) for name, dist in dists.items()}
-        return {
-            name: jnp.where(impossible[name] & jnp.isnan(h), 0.0, h)
-            for name, h in entropies.items()
-        }
+        return self.replay_with_entropies(replay_data)[2]
 
     def _expected(self, term: Callable, other: "Autoregressive | None", what: str) -> Array:
         """``sum_k E_{a_<k ~ self}[term(p_k, q_k)]`` over every prefix, batched."""
@@ -299,6 +308,74 @@ class Autoregressive(distrax.Distribution, Replayable):
                 )
             prefix, log_weight = _extend(prefix, log_weight, name, p, values)
         return jnp.asarray(total)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MaskTable:
+    """A sub-action's mask as a table indexed by earlier categorical sub-actions.
+
+    The function form of a prefix-dependent mask, ``lambda prefix:
+    legal[prefix["unit"]]``, cannot be stored in a rollout; a ``MaskTable`` is the
+    same mask as a pytree of arrays that a training loop stores beside the action
+    and passes back in the loss pass. ``table`` has the head's batch shape, then one
+    axis per sub-action named in ``given`` (its number of choices), then the shape
+    of the mask: ``[*batch, n_unit, num_targets]`` for ``given="unit"``. Called with
+    a prefix (a dict of the earlier sub-actions by name, each ``[*batch]``), it
+    returns the rows those sub-actions pick, ``[*batch, num_targets]``.
+
+    Args:
+        table: The masks of every choice of the ``given`` sub-actions.
+        given: The name of the earlier sub-action that indexes the table, or a tuple
+            of names in the table's axis order.
+
+    Raises:
+        TypeError: ``given`` is not a name or a non-empty tuple of names. The head
+            that receives the table checks its shape and names.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> legal = jnp.array([[[True, False, False], [True, True, True]]])  # 1 state, 2 units
+        >>> table = samplers.MaskTable(legal, given="unit")
+        >>> table({"unit": jnp.array([0])}).tolist()
+        [[True, False, False]]
+    """
+
+    table: Array
+    given: str | tuple[str, ...] = dataclasses.field(metadata={"static": True})
+
+    def __post_init__(self):
+        given = self.given
+        names = tuple(given) if isinstance(given, tuple | list) else (given,)
+        if not names or not all(isinstance(name, str) for name in names):
+            raise TypeError(
+                f"MaskTable's given is a sub-action's name or a tuple of names, got "
+                f"{self.given!r}; pass e.g. given='unit'."
+            )
+        if not isinstance(self.given, str):
+            object.__setattr__(self, "given", names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``given`` as a tuple of names."""
+        return (self.given,) if isinstance(self.given, str) else tuple(self.given)
+
+    def __call__(self, prefix: Mapping[str, Array]) -> Array:
+        rows = jnp.asarray(self.table)
+        for name in self.names:
+            index = jnp.asarray(prefix[name])
+            shape = index.shape + (1,) * (rows.ndim - index.ndim)
+            rows = jnp.take_along_axis(rows, index.reshape(shape), axis=index.ndim)
+            rows = jnp.squeeze(rows, axis=index.ndim)
+        return rows
+
+
+def _entropies(dists: dict, impossible: dict) -> dict[str, Array]:
+    """Each step's entropy, 0 where its prefix is impossible and it has no distribution."""
+    entropies = {name: jnp.asarray(dist.entropy()) for name, dist in dists.items()}
+    return {
+        name: jnp.where(impossible[name] & jnp.isnan(h), 0.0, h) for name, h in entropies.items()
+    }
 
 
 def _after_impossible(names: tuple[str, ...], log_probs: dict) -> tuple[dict, dict]:
@@ -371,8 +448,8 @@ def _finite_where_impossible(dist, possible):
 
 def _data_of_action(dist: distrax.Distribution, action) -> Any:
     """The replay data that conditions the later sub-actions, for a given action."""
-    if isinstance(dist, _replay.PreImageReplay):
-        recalled = _pre_images.PRE_IMAGES.recall(action, dist._elementwise)
+    if isinstance(dist, PreImageReplay):
+        recalled = dist.recall_pre_image(action)
         return dist.bijector.inverse(action) if recalled is None else recalled
     return action
 
@@ -391,3 +468,42 @@ def _autoregressive_kl(p: Autoregressive, q: Autoregressive, *_, **__) -> Array:
 
 
 tfd.RegisterKL(Autoregressive, Autoregressive)(_autoregressive_kl)
+
+
+def replay_embedding(dist: distrax.Distribution) -> Callable:
+    """The embedding of ``dist``'s replay data that a later sub-action is conditioned
+    on, from its kind alone (no parameters): a discrete one's one-hot (one per
+    sub-action of a ``MultiDiscrete``, a ``MultiBinary``'s bits), a bounded squashed
+    one's ``tanh(x / k)`` of its pre-image ``x`` (``k`` its squashing's pre-image
+    scale: the action rescaled to ``[-1, 1]``), an unsquashed one's ``x``, a
+    composite's parts' embeddings concatenated in the parts' order.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from samplers.distributions.autoregressive import replay_embedding
+        >>> replay_embedding(samplers.MaskedCategorical(jnp.zeros(3)))(jnp.array(1))
+        Array([0., 1., 0.], dtype=float32)
+    """
+    if isinstance(dist, MultiDiscrete):
+        nvec = dist.nvec
+        return lambda a: jnp.concatenate(
+            [jax.nn.one_hot(a[..., i], n) for i, n in enumerate(nvec)], -1
+        )
+    if isinstance(dist, MultiBinary):
+        return lambda a: jnp.asarray(a, jnp.float32)
+    if isinstance(dist, distrax.Categorical):
+        count = dist.num_categories
+        return lambda a: jax.nn.one_hot(a, count)
+    if isinstance(dist, Composite):
+        spec = spec_of(dist.parts)
+        parts = [replay_embedding(part) for part in leaves(spec, dist.parts, "parts", "Composite")]
+        return lambda data: jnp.concatenate(
+            [e(x) for e, x in zip(parts, leaves(spec, data, "data", "Composite"), strict=True)],
+            -1,
+        )
+    if isinstance(dist, PreImageReplay):
+        bounds = dist.bounds
+        if bounds is not None:
+            scale = bounds.pre_image_scale
+            return lambda x: jnp.tanh(x / scale)
+    return lambda x: jnp.asarray(x)

@@ -25,14 +25,14 @@ from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
 from samplers._numerics import softplus
-from samplers.distributions import _beta_math, _pre_images, _squashed
+from samplers.distributions import _beta_math, _keys, _squashed
 from samplers.distributions.bijectors import (
     Squashing,
     same_map,
     sigmoid_onto,
     squashing,
 )
-from samplers.distributions.replay import PreImageReplay
+from samplers.distributions.pre_image import PreImageReplay
 
 tfd = tfp.distributions
 
@@ -360,7 +360,7 @@ class SquashedBeta(PreImageReplay):
 
     @property
     def _squashing(self) -> Squashing:
-        return cast(Squashing, self._bounds)
+        return cast(Squashing, self.bounds)
 
     def deterministic_replay_data(self) -> Float[Array, "*batch action"]:
         """:meth:`mean_pre_image`: the deterministic action is the mean."""
@@ -431,12 +431,11 @@ class SquashedBeta(PreImageReplay):
             >>> z, jax.nn.sigmoid(z)  # the Beta draws
             (Array([2.688, 9.3579], dtype=float32), Array([0.9363, 0.9999 ], dtype=float32))
         """
-        if isinstance(seed, (int, np.integer)):
-            seed = jax.random.PRNGKey(int(seed))
+        seed = _keys.integer_seed(seed)
         a, b = self._a, self._b
-        if not _pre_images.is_key_array(seed) or jnp.ndim(seed) == 0:
+        if not _keys.per_element(seed):
             return _beta_math.logit_beta_sample(seed, a, b, a.shape)
-        _pre_images.check_keys(seed, a.shape[:-1])
+        _keys.check_keys(seed, a.shape[:-1])
         rows = a.shape[-1:]
         draw = jax.vmap(lambda key, a, b: _beta_math.logit_beta_sample(key, a, b, rows))
         flat = draw(seed.reshape(-1), a.reshape(-1, *rows), b.reshape(-1, *rows))
@@ -717,68 +716,12 @@ def _log_cdf_from_action(low, high, action, a, b):
     return jnp.where(defined, log_cdf, jnp.nan)
 
 
-def squashed_beta(
-    params: Float[ArrayLike, "*batch params"],
-    low: Float[ArrayLike, "*action"] = 0.0,
-    high: Float[ArrayLike, "*action"] = 1.0,
-    *,
-    min_concentration: float = 1.0,
-) -> SquashedBeta:
-    """A :class:`SquashedBeta` from a network output ``[raw_alpha | raw_beta]``.
-
-    Each concentration is ``min_concentration + softplus(raw)``. The default floor
-    of 1 keeps both at least 1, where the density is finite on the bounds and has no
-    more than one mode (below 1 it is infinite on a bound, and float32 samples pile
-    onto it); pass ``min_concentration=0.0`` for the whole family.
-
-    The concentrations are computed in ``params``' dtype, float16 and bfloat16 in
-    float32 (every output is then that of the float32 ``params``, bit for bit); the
-    distribution computes in the result dtype of the concentrations and the bounds,
-    so float64 bound arrays under ``jax_enable_x64`` keep float64 precision, and
-    bounds given as Python numbers take the concentrations' dtype, their width
-    ``high - low`` taken in the numbers' own precision (as
-    :class:`samplers.BoundedTanh` does).
-
-    Args:
-        params: ``[*batch, 2 * action]``, the raw ``a`` then the raw ``b``.
-        low: Lower bounds, a scalar or one per action dimension.
-        high: Upper bounds, the same shape.
-        min_concentration: The floor, ``>= 0``, keyword-only.
-
-    Raises:
-        TypeError: ``params`` is not a floating array (a string, integers), or
-            ``min_concentration`` not a number.
-        ValueError: the last axis of ``params`` is not even and positive, or
-            ``min_concentration`` is negative; the bounds as :class:`SquashedBeta`.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from samplers import squashed_beta
-        >>> dist = squashed_beta(jnp.zeros((5, 4)), -2.0, 2.0)
-        >>> dist.batch_shape, dist.event_shape, dist.concentration1[0]
-        ((5,), (2,), Array([1.6931, 1.6931], dtype=float32))
-    """
-    params = _checks.float_parameters("params", params)
-    min_concentration = _checks.real_number("min_concentration", min_concentration, minimum=0.0)
-    width = params.shape[-1] if params.ndim else 0
-    if width == 0 or width % 2:
-        raise ValueError(
-            f"params must have an even, positive last axis [*batch, 2 * action] (raw alpha "
-            f"then raw beta), got shape {params.shape}; size the network's last layer to "
-            f"2 * action_dim."
-        )
-    raw_a, raw_b = jnp.split(params, 2, axis=-1)
-    return SquashedBeta(
-        min_concentration + softplus(raw_a), min_concentration + softplus(raw_b), low, high
-    )
-
-
 def _kl_divergence(p, q, *_, **__) -> Array:
     """``KL(p || q)`` of two ``SquashedBeta`` (summed over the action) or two ``LogitBeta``."""
     squashed = isinstance(p, SquashedBeta)
     same = same_map(p._elementwise, q._elementwise) if squashed else True
     if same is False:
-        bounds_p, bounds_q = p._bounds, q._bounds
+        bounds_p, bounds_q = p.bounds, q.bounds
         raise ValueError(
             f"p and q must have the same bounds, got [{bounds_p.low}, {bounds_p.high}] and "
             f"[{bounds_q.low}, {bounds_q.high}]; with different supports the KL is not that "

@@ -13,7 +13,6 @@ and its own name alone: adding or removing another part by name changes none of
 them.
 """
 
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 from tensorflow_probability.substrates import jax as tfp
 
+from samplers.distributions import _keys
 from samplers.distributions import replay as _replay
 from samplers.distributions.categorical import MaskedCategorical
 from samplers.distributions.replay import Replayable
@@ -101,7 +101,7 @@ def leaves(spec: Spec, value: Any, what: str, owner: str) -> list:
     found: list = [None] * len(list(paths(spec)))
 
     def walk(spec, value, path):
-        where = f"{what}[{name(path)!r}]" if path else what
+        where = f"{what}[{path_name(path)!r}]" if path else what
         if isinstance(spec, dict):
             if not isinstance(value, Mapping) or set(value) != set(spec):
                 got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
@@ -128,7 +128,7 @@ def leaves(spec: Spec, value: Any, what: str, owner: str) -> list:
     return found
 
 
-def name(path: tuple[str, ...]) -> str:
+def path_name(path: tuple[str, ...]) -> str:
     """A part's path as one name, ``"a/b"``."""
     return "/".join(path)
 
@@ -147,38 +147,6 @@ def check_parameters(owner: str, kind: str, num_actions: int, parameters: Any) -
             f"{num_actions} actions, got {len(parameters)}; give the choice "
             f"{len(parameters)} actions, or one parameter entry per action."
         )
-
-
-def part_key(key: PRNGKeyArray, path: tuple[str, ...]) -> PRNGKeyArray:
-    """``key`` with the crc32 of each name of ``path`` folded in; one key per batch element
-    folds in per element."""
-
-    def fold(key):
-        for part in path:
-            key = jax.random.fold_in(key, zlib.crc32(part.encode()))
-        return key
-
-    if jnp.ndim(key) == 0:
-        return fold(key)
-    return jax.vmap(fold)(key.reshape(-1)).reshape(key.shape)
-
-
-def part_keys(key: PRNGKeyArray, paths: list[tuple[str, ...]]) -> list[PRNGKeyArray]:
-    """:func:`part_key` of each path, the same keys bit for bit, derived together: one
-    batched ``fold_in`` per level of the paths. Each ``fold_in`` of its own is a
-    Threefry loop of its own on XLA's CPU backend, a cost that shows at batch size 1."""
-    if jnp.ndim(key) != 0 or len(paths) < 2:
-        return [part_key(key, path) for path in paths]
-    keys = [key] * len(paths)
-    for level in range(max(map(len, paths))):
-        chosen = [i for i, path in enumerate(paths) if len(path) > level]
-        names = [zlib.crc32(paths[i][level].encode()) for i in chosen]
-        folded = jax.vmap(jax.random.fold_in)(
-            jnp.stack([keys[i] for i in chosen]), jnp.asarray(names, jnp.uint32)
-        )
-        for row, i in enumerate(chosen):
-            keys[i] = folded[row]
-    return keys
 
 
 def ordered_sum(values: list[Array]) -> Array:
@@ -240,7 +208,7 @@ class Composite(distrax.Joint, Replayable):
         for path, part in zip(self._paths, flat, strict=True):
             if not isinstance(part, distrax.Distribution):
                 raise TypeError(
-                    f"{type(self).__name__}'s part {name(path)!r} must be a distrax "
+                    f"{type(self).__name__}'s part {path_name(path)!r} must be a distrax "
                     f"distribution, got {type(part).__name__}; wrap a TFP distribution with "
                     f"distrax.as_distribution."
                 )
@@ -259,8 +227,8 @@ class Composite(distrax.Joint, Replayable):
         return build(self._spec, values)
 
     def _keys(self, seed) -> list:
-        seed = _replay.integer_seed(seed)
-        return part_keys(seed, list(self._paths))
+        seed = _keys.integer_seed(seed)
+        return _keys.part_keys(seed, list(self._paths))
 
     def _sample_n(self, key: PRNGKeyArray, n: int) -> Any:
         keys = build(self._spec, self._keys(key))
@@ -321,10 +289,13 @@ class Composite(distrax.Joint, Replayable):
         action, own = self._own(replay_data)
         return action, self.combine(action, own)[1]
 
-    def check_replay_data(self, replay_data: Any) -> Any:
+    def check_replay_data(self, replay_data: Any, name: str = "replay data") -> Any:
         """The parts' checks of their data; refuses data not in the parts' structure."""
-        flat = leaves(self._spec, replay_data, "rollout_extras", type(self).__name__)
-        checked = [_replay.check_replay_data(p, d) for p, d in zip(self._parts, flat, strict=True)]
+        flat = leaves(self._spec, replay_data, name, type(self).__name__)
+        checked = [
+            _replay.check_replay_data(part, data, f"{name}[{path_name(path)!r}]")
+            for path, part, data in zip(self._paths, self._parts, flat, strict=True)
+        ]
         return build(self._spec, checked)
 
     def __getitem__(self, index) -> "Composite":

@@ -1,5 +1,5 @@
-"""Network outputs in, a :class:`SquashedNormal` (or :class:`SquashedFlow`) out: the std
-parameterisations."""
+"""Network outputs in, distributions out: a :class:`SquashedNormal` (the std
+parameterisations), a :class:`SquashedFlow` and a :class:`SquashedBeta`."""
 
 import functools
 from collections.abc import Callable, Sequence
@@ -12,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
 from samplers._numerics import softplus
+from samplers.distributions.beta import SquashedBeta
 from samplers.distributions.bijectors import Tanh
 from samplers.distributions.flow import SquashedFlow
 from samplers.distributions.squashed_normal import SquashedNormal
@@ -292,3 +293,59 @@ def _mean_and_spread(name: str, mean, spread) -> tuple[Array, Array]:
         )
     dtype = jnp.result_type(mean, spread)
     return mean.astype(dtype), spread.astype(dtype)
+
+
+def squashed_beta(
+    params: Float[ArrayLike, "*batch params"],
+    low: Float[ArrayLike, "*action"] = 0.0,
+    high: Float[ArrayLike, "*action"] = 1.0,
+    *,
+    min_concentration: float = 1.0,
+) -> SquashedBeta:
+    """A :class:`SquashedBeta` from a network output ``[raw_alpha | raw_beta]``.
+
+    Each concentration is ``min_concentration + softplus(raw)``. The default floor
+    of 1 keeps both at least 1, where the density is finite on the bounds and has no
+    more than one mode (below 1 it is infinite on a bound, and float32 samples pile
+    onto it); pass ``min_concentration=0.0`` for the whole family.
+
+    The concentrations are computed in ``params``' dtype, float16 and bfloat16 in
+    float32 (every output is then that of the float32 ``params``, bit for bit); the
+    distribution computes in the result dtype of the concentrations and the bounds,
+    so float64 bound arrays under ``jax_enable_x64`` keep float64 precision, and
+    bounds given as Python numbers take the concentrations' dtype, their width
+    ``high - low`` taken in the numbers' own precision (as
+    :class:`samplers.BoundedTanh` does).
+
+    Args:
+        params: ``[*batch, 2 * action]``, the raw ``a`` then the raw ``b``.
+        low: Lower bounds, a scalar or one per action dimension.
+        high: Upper bounds, the same shape.
+        min_concentration: The floor, ``>= 0``, keyword-only.
+
+    Raises:
+        TypeError: ``params`` is not a floating array (a string, integers), or
+            ``min_concentration`` not a number.
+        ValueError: the last axis of ``params`` is not even and positive, or
+            ``min_concentration`` is negative; the bounds as :class:`SquashedBeta`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from samplers import squashed_beta
+        >>> dist = squashed_beta(jnp.zeros((5, 4)), -2.0, 2.0)
+        >>> dist.batch_shape, dist.event_shape, dist.concentration1[0]
+        ((5,), (2,), Array([1.6931, 1.6931], dtype=float32))
+    """
+    params = _checks.float_parameters("params", params)
+    min_concentration = _checks.real_number("min_concentration", min_concentration, minimum=0.0)
+    width = params.shape[-1] if params.ndim else 0
+    if width == 0 or width % 2:
+        raise ValueError(
+            f"params must have an even, positive last axis [*batch, 2 * action] (raw alpha "
+            f"then raw beta), got shape {params.shape}; size the network's last layer to "
+            f"2 * action_dim."
+        )
+    raw_a, raw_b = jnp.split(params, 2, axis=-1)
+    return SquashedBeta(
+        min_concentration + softplus(raw_a), min_concentration + softplus(raw_b), low, high
+    )

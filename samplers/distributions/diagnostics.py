@@ -7,12 +7,13 @@ show how far an update moved the policy (the exact KL of two policies is
 """
 
 import distrax
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
 from samplers._numerics import k3
-from samplers.distributions.bijectors import bijector_name, squashing
+from samplers.distributions.bijectors import Squashing, bijector_name, squashing
 from samplers.distributions.squashed_normal import SquashedNormal
 
 
@@ -41,7 +42,7 @@ def saturation_fraction(
 
     Raises:
         TypeError: ``pre_image`` is not floating or ``threshold`` not a number.
-        ValueError: ``threshold`` is not positive.
+        ValueError: ``threshold`` is not positive, or the axes averaged over are empty.
 
     Example:
         >>> import jax.numpy as jnp
@@ -50,6 +51,7 @@ def saturation_fraction(
         Array(0.5, dtype=float32)
     """
     pre_image = _checks.float_array("pre_image", pre_image)
+    _checks.nonempty("pre_image", pre_image, axis)
     if threshold is None:
         saturated = jnp.abs(jnp.tanh(pre_image)) == 1
     else:
@@ -163,7 +165,7 @@ def ppo_log_ratio_stats(
 
     Raises:
         TypeError: an input is not floating or ``clip_epsilon`` is not a number.
-        ValueError: the shapes differ or ``clip_epsilon <= 0``.
+        ValueError: the shapes differ, the batch is empty, or ``clip_epsilon <= 0``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -180,6 +182,7 @@ def ppo_log_ratio_stats(
             f"log_prob and old_log_prob must have the same shape, got {log_prob.shape} "
             f"and {old_log_prob.shape}; pass the log-likelihoods of the same actions."
         )
+    _checks.nonempty("log_prob", log_prob)
     log_ratio = log_prob - old_log_prob
     ratio_minus_one = jnp.expm1(log_ratio)
     deviation = jnp.abs(ratio_minus_one)
@@ -192,3 +195,20 @@ def ppo_log_ratio_stats(
         "ratio_deviation_mean": jnp.mean(deviation),
         "ratio_deviation_max": jnp.max(deviation),
     }
+
+
+@jax.jit
+def bound_metrics(bounds: Squashing, action: Float[Array, "*batch action"]):
+    """The fraction of each action's dimensions on a bound, and its smallest distance to
+    a bound, ``[*batch]`` each: the heads' ``saturation`` and ``bound_distance``
+    metrics. A NaN action is neither on a bound nor off it: its fraction is NaN.
+
+    Example:
+        >>> import jax.numpy as jnp, samplers
+        >>> from samplers.distributions.diagnostics import bound_metrics
+        >>> bound_metrics(samplers.BoundedTanh(0.0, 2.0).squashing, jnp.array([[0.0, 1.5]]))
+        (Array([0.5], dtype=float32), Array([0.], dtype=float32))
+    """
+    distances = bounds.distances(action)
+    on_bound = jnp.where(jnp.isnan(distances), jnp.nan, distances <= 0)
+    return jnp.mean(on_bound, axis=-1, dtype=action.dtype), jnp.min(distances, axis=-1)

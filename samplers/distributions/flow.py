@@ -8,20 +8,22 @@ the state) and then an elementwise squashing ``f``: the action is
 inverses (exact in closed form for coupling layers), never the squashing's.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import distrax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from tensorflow_probability.substrates import jax as tfp
 
 from samplers import _checks
 from samplers._numerics import HALF_LOG_2PI, k3
-from samplers.distributions import _pre_images, _squashed
+from samplers.distributions import _keys, _squashed
 from samplers.distributions.bijectors import Tanh, bijector_name, same_map
-from samplers.distributions.replay import PreImageReplay, SampleShape, Seed
+from samplers.distributions.pre_image import PreImageReplay
+from samplers.distributions.replay import SampleShape, Seed
 
 _TANH = Tanh()
 
@@ -274,7 +276,7 @@ class SquashedFlow(PreImageReplay):
 
     def _base_draw(self, seed) -> Array:
         """``x0 = loc + scale * eps``, from one key or one key per batch element."""
-        return self._loc + self._scale * _pre_images.standard_normal(seed, self._loc)
+        return self._loc + self._scale * _keys.standard_normal(seed, self._loc)
 
     def _scored_forward(self, draw) -> tuple[Array, Array]:
         """``(x_K, log_prob)`` of a base draw ``x0``, the layers' log-determinants
@@ -321,7 +323,7 @@ class SquashedFlow(PreImageReplay):
             ValueError: ``num_samples`` is not positive.
         """
         num_samples = _checks.positive_int("num_samples", num_samples)
-        eps = jax.lax.stop_gradient(_pre_images.standard_normal(seed, self._loc, num_samples))
+        eps = jax.lax.stop_gradient(_keys.standard_normal(seed, self._loc, num_samples))
         x, layers_log_det = self._forward_layers(self._loc[None] + self._scale[None] * eps)
         log_det = layers_log_det + jnp.sum(self._squashing.forward_log_det_jacobian(x), -1)
         normal = jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(self._scale), axis=-1)
@@ -390,7 +392,7 @@ class SquashedFlow(PreImageReplay):
                 f"pre-image stands for two actions. Build both with the same bijector."
             )
         num_samples = _checks.positive_int("num_samples", num_samples)
-        eps = _pre_images.standard_normal(seed, self._loc, num_samples)
+        eps = _keys.standard_normal(seed, self._loc, num_samples)
         pre_image = self._forward_layers(self._loc[None] + self._scale[None] * eps)[0]
         log_q = other_dist.log_prob_from_pre_image(pre_image)
         log_ratio = log_q - self.log_prob_from_pre_image(pre_image)
@@ -414,3 +416,61 @@ def _kl_needs_a_seed(p, q, *_, **__):
 
 
 tfp.distributions.RegisterKL(SquashedFlow, SquashedFlow)(_kl_needs_a_seed)
+
+
+# An affine layer's log-scale is bounded by a soft clamp, so that one step of training
+# cannot make a layer's scale overflow.
+_MAX_LOG_SCALE = 3.0
+
+
+def coupling_layer(
+    index: int,
+    action_dim: int,
+    conditioner: Callable[[Array], Array],
+    features: Float[Array, "*batch features"],
+    transform: tuple[str, int],
+    spline_range: float,
+) -> distrax.MaskedCoupling:
+    """Coupling layer ``index`` of a flow over ``action_dim`` dimensions, conditioned on
+    the untouched dimensions and ``features``: a ``distrax.MaskedCoupling`` that keeps
+    the dimensions of the parity of ``index`` (it transforms the one dimension of an
+    action of one, conditioned on ``features`` alone) and moves each
+    other one by an elementwise transform whose parameters ``conditioner`` computes
+    from ``concat(kept, features)``, ``[*batch, action * width]``.
+
+    ``transform`` is ``("affine", 0)``, a shift and a scale whose log is softly clamped
+    to ``(-3, 3)`` (width 2), or ``("spline", bins)``, distrax's rational-quadratic
+    spline with identity slopes at its ends on ``[-spline_range, spline_range]`` and
+    the identity outside (width ``3 * bins + 1``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from samplers.distributions.flow import coupling_layer
+        >>> layer = coupling_layer(0, 2, lambda x: jnp.zeros((*x.shape[:-1], 4)),
+        ...                        jnp.zeros((5, 3)), ("affine", 0), 5.0)
+        >>> layer.forward(jnp.ones((5, 2))).shape
+        (5, 2)
+    """
+
+    def parameters(kept):
+        shape = (*kept.shape[:-1], features.shape[-1])
+        seen = jnp.concatenate([kept, jnp.broadcast_to(features, shape)], axis=-1)
+        return conditioner(seen).reshape(*kept.shape, -1)
+
+    def inner(params) -> distrax.Bijector:
+        if transform[0] == "affine":
+            log_scale = _MAX_LOG_SCALE * jnp.tanh(params[..., 1] / _MAX_LOG_SCALE)
+            return distrax.ScalarAffine(shift=params[..., 0], log_scale=log_scale)
+        spline = distrax.RationalQuadraticSpline(
+            params, range_min=-spline_range, range_max=spline_range, boundary_slopes="identity"
+        )
+        # The spline is the identity outside its range whatever its parameters: a shift by
+        # 0 * their sum carries a NaN parameter into the value there too.
+        guard = distrax.ScalarAffine(shift=0.0 * jnp.sum(params, axis=-1))
+        return distrax.Chain([guard, spline])
+
+    if action_dim > 1:
+        keep = np.arange(action_dim) % 2 == index % 2
+    else:
+        keep = np.zeros(1, bool)
+    return distrax.MaskedCoupling(jnp.asarray(keep), parameters, inner)

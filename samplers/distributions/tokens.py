@@ -23,8 +23,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from samplers import _checks
-from samplers.distributions import _pre_images
-from samplers.distributions.replay import Replayable, integer_seed
+from samplers.distributions import _keys
+from samplers.distributions.replay import Replayable
 
 PAD = -1  # the id that pads a stored support
 
@@ -171,7 +171,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
         return self._max_kept
 
     def _sample_n(self, key: PRNGKeyArray, n: int) -> Array:
-        keys = jax.random.split(integer_seed(key), n)
+        keys = jax.random.split(_keys.integer_seed(key), n)
         draw = jax.vmap(lambda k: _token(self.sample_replay_data(seed=k)))
         return draw(keys)
 
@@ -222,20 +222,31 @@ class TokenCategorical(distrax.Distribution, Replayable):
 
     def replay(self, replay_data: Any) -> tuple[Array, Array]:
         """``(token, log_prob)``: the stored token scored on the stored support."""
+        token, log_prob, _ = self.replay_and_entropy(replay_data)
+        return token, log_prob
+
+    def replay_and_entropy(self, replay_data: Any) -> tuple[Array, Array, Array]:
+        """``(token, log_prob, entropy)``: :meth:`replay`, and the exact entropy of the
+        distribution the token was drawn from (on the stored support when truncated),
+        from one pass over the logits: one streamed pass over the vocabulary, or one
+        gather of the support's."""
         if not self.truncated:
             token = self._tokens(replay_data)
-            return token, self.full_log_prob(token)
+            log_normaliser, mean, logit = self._moments(token)
+            return token, logit - log_normaliser, log_normaliser - mean
         token = self._tokens(replay_data["token"])
-        return token, self.log_prob_on_support(token, replay_data["support"])
+        support = self._support(replay_data["support"])
+        log_probs = self.support_log_probs(support)
+        return token, _on_support(log_probs, token, support), _entropy(log_probs)
 
-    def check_replay_data(self, replay_data: Any) -> Any:
+    def check_replay_data(self, replay_data: Any, name: str = "replay data") -> Any:
         """A stored token (and support, when truncated) of this batch shape, integers."""
         if not self.truncated:
-            return self._tokens(replay_data, "rollout_extras")
+            return self._tokens(replay_data, name)
         if not isinstance(replay_data, dict) or set(replay_data) != {"token", "support"}:
             raise TypeError(
                 f"a truncated TokenCategorical replays {{'token', 'support'}}, got "
-                f"{type(replay_data).__name__}; pass the rollout_extras of the rollout call."
+                f"{type(replay_data).__name__} as {name}; pass the replay data of a sample."
             )
         return {
             "token": self._tokens(replay_data["token"], "the stored token"),
@@ -260,10 +271,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
     ) -> Float[Array, "*batch"]:
         """Log-probability of tokens on a stored support; ``-inf`` outside it."""
         value, support = self._tokens(value), self._support(support)
-        log_probs = self.support_log_probs(support)
-        hit = (support == value[..., None]) & (support != PAD)
-        found = jnp.where(hit, log_probs, 0.0).sum(-1)
-        return jnp.where(hit.any(-1), found, -jnp.inf) + _nan_rows(log_probs)
+        return _on_support(self.support_log_probs(support), value, support)
 
     def entropy_on_support(self, support: Int[ArrayLike, "*batch K"]) -> Float[Array, "*batch"]:
         """The exact entropy of the distribution renormalised over a stored support."""
@@ -351,10 +359,10 @@ class TokenCategorical(distrax.Distribution, Replayable):
         n = int(np.prod(self.batch_shape))
         if seed is None:
             return jax.random.split(jax.random.key(0), n)
-        seed = integer_seed(seed)
+        seed = _keys.integer_seed(seed)
         if jnp.ndim(seed) == 0:
             return jax.vmap(lambda i: jax.random.fold_in(seed, i))(jnp.arange(n))
-        _pre_images.check_keys(seed, self.batch_shape)
+        _keys.check_keys(seed, self.batch_shape)
         return seed.reshape(-1)
 
     def _unflatten(self, value):
@@ -740,6 +748,13 @@ def _token(data) -> Array:
 
 def _first(support: Array) -> Array:
     return jnp.maximum(support[..., 0], 0)
+
+
+def _on_support(log_probs: Array, value: Array, support: Array) -> Array:
+    """The log-probability of each token among its support's (``-inf`` outside it)."""
+    hit = (support == value[..., None]) & (support != PAD)
+    found = jnp.where(hit, log_probs, 0.0).sum(-1)
+    return jnp.where(hit.any(-1), found, -jnp.inf) + _nan_rows(log_probs)
 
 
 def _entropy(log_probs: Array) -> Array:

@@ -239,7 +239,7 @@ def evaluate(
 
 def action_distributions(
     network: Callable[[jax.Array], jax.Array],
-    head: samplers.SquashedNormalSampler | samplers.BetaSampler,
+    head: samplers.SquashedNormalSampler | samplers.BetaSampler | samplers.FlowSampler,
     torque_scale: float = 1.0,
     *,
     num_samples: int = 20_000,

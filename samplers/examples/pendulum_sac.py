@@ -126,7 +126,7 @@ class Actor(nnx.Module):
         self.torso = _mlp(3, 2, hidden, rngs)
         bijector = samplers.BoundedTanh(-_common.MAX_TORQUE, _common.MAX_TORQUE)
         self.flow = head == "flow"
-        self.head: samplers.SquashedNormalSampler
+        self.head: samplers.SquashedNormalSampler | samplers.FlowSampler
         if self.flow:
             self.head = samplers.FlowSampler(
                 head_rngs,

@@ -6,8 +6,8 @@ way in rollout and replay; ``module.eval()``; the stored pre-image and its
 replay; the entropy cost and metrics.
 """
 
-from samplers.heads.action_sampler import ActionSampler
-from samplers.heads.autoregressive import AutoregressiveSampler, MaskTable
+from samplers.heads.action_sampler import ActionSampler, Scored
+from samplers.heads.autoregressive import AutoregressiveSampler
 from samplers.heads.beta import BetaSampler
 from samplers.heads.composite import CompositeSampler, ParameterizedSampler
 from samplers.heads.discrete import CategoricalSampler, MultiBinarySampler, MultiDiscreteSampler
@@ -31,11 +31,11 @@ __all__ = [
     "CompositeSampler",
     "DistributionSampler",
     "FlowSampler",
-    "MaskTable",
     "MultiBinarySampler",
     "MultiDiscreteSampler",
     "NormalTanhSampler",
     "ParameterizedSampler",
+    "Scored",
     "SquashedNormalSampler",
     "StateIndependentSampler",
     "StatefulModule",

@@ -4,21 +4,19 @@ The replay data is the pre-image ``z = logit(u)``, as the squashed-Normal heads 
 theirs; the call is :class:`samplers.ActionSampler`'s.
 """
 
-from typing import cast
-
-import jax
 import numpy as np
 from flax import nnx
 from jaxtyping import Array, ArrayLike, Float
 
 from samplers import _checks
-from samplers.distributions.beta import SquashedBeta, squashed_beta
-from samplers.distributions.bijectors import BoundedTanh, Squashing, squashing
-from samplers.heads.action_sampler import ActionSampler, bound_metrics
+from samplers.distributions.beta import SquashedBeta
+from samplers.distributions.bijectors import BoundedTanh
+from samplers.distributions.constructors import squashed_beta
+from samplers.heads.pre_image import PreImageSampler
 from samplers.heads.static import Static
 
 
-class BetaSampler(ActionSampler):
+class BetaSampler(PreImageSampler):
     """Samples actions on ``[low, high]`` from a Beta per dimension (:class:`SquashedBeta`).
 
     The input's last axis is ``[raw_alpha | raw_beta]`` and each concentration is
@@ -62,6 +60,9 @@ class BetaSampler(ActionSampler):
         per_env_streams: If True, each environment has its own random stream in
             the carry state (see :meth:`initialize_state`), so its samples do not
             depend on how the batch is split.
+        log_ratio_metrics: As in :class:`samplers.ActionSampler`: the rollout
+            emits ``{"pre_image", "log_likelihood"}``, a replay reports ``log_ratio``
+            and ``approx_kl``.
         rng_collection: The stream keys are drawn from, falling back to
             ``default``.
 
@@ -94,10 +95,17 @@ class BetaSampler(ActionSampler):
         min_concentration: float = 1.0,
         reparameterized: bool = False,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams)
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        super().__init__(
+            rngs,
+            entropy_weight,
+            reparameterized=reparameterized,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+        )
         self.action_dim = (
             None if action_dim is None else _checks.positive_int("action_dim", action_dim)
         )
@@ -111,7 +119,6 @@ class BetaSampler(ActionSampler):
                 f"got {np.shape(low)}."
             )
         self._bounds = Static((low, high))
-        self.reparameterized = bool(reparameterized)
 
     @property
     def low(self):
@@ -128,13 +135,6 @@ class BetaSampler(ActionSampler):
             self._check_width(inputs, "[raw_alpha | raw_beta]", "2 * action_dim")
         return squashed_beta(inputs, self.low, self.high, min_concentration=self.min_concentration)
 
-    def _metrics(self, inputs, dist: SquashedBeta, output, own, old_log_likelihood) -> dict:
-        bounds = cast(Squashing, squashing(dist.bijector))  # a SquashedBeta declares them
-        action = jax.lax.stop_gradient(output["action"])
-        saturation, bound_distance = bound_metrics(bounds, action)
-        return {
-            "alpha": dist.concentration1,
-            "beta": dist.concentration0,
-            "saturation": saturation,
-            "bound_distance": bound_distance,
-        }
+    def _metrics(self, inputs, dist, scored) -> dict:
+        alpha, beta = dist.concentration1, dist.concentration0
+        return {"alpha": alpha, "beta": beta, **super()._metrics(inputs, dist, scored)}

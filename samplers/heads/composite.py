@@ -10,6 +10,7 @@ own entropy cost and metrics. Both take the call contract of every head and nest
 """
 
 import abc
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from samplers import _checks
+from samplers.distributions._keys import part_keys
 from samplers.distributions.composite import (
     Composite,
     Parameterized,
@@ -25,12 +27,11 @@ from samplers.distributions.composite import (
     build,
     check_parameters,
     leaves,
-    name,
-    part_keys,
+    path_name,
     paths,
     spec_of,
 )
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, Scored
 from samplers.heads.discrete import CategoricalSampler
 
 
@@ -70,15 +71,17 @@ class _Composite(ActionSampler):
         _refuse_shared(what, self._leaves())
         flags = {p: bool(h.per_env_streams) for p, h in zip(paths_, heads, strict=True)}
         if len(set(flags.values())) > 1:
-            on = [name(p) for p, flag in flags.items() if flag]
-            off = [name(p) for p, flag in flags.items() if not flag]
+            on = [path_name(p) for p, flag in flags.items() if flag]
+            off = [path_name(p) for p, flag in flags.items() if not flag]
             raise ValueError(
                 f"{what} needs every part built with the same per_env_streams, got True for "
                 f"{on} and False for {off}: the parts with a shared stream would draw "
                 f"differently when the batch is split; build every part with "
                 f"per_env_streams=True (or every part without)."
             )
-        self._init_stream(rngs, rng_collection, next(iter(flags.values())))
+        # Each part weighs its own entropy: the composite's weight is 0.
+        per_env_streams = next(iter(flags.values()))
+        super().__init__(rngs, 0.0, per_env_streams=per_env_streams, rng_collection=rng_collection)
 
     def _leaves(self) -> Iterator[tuple[tuple[str, ...], Any]]:
         """``(path, head)`` of every part, nested composites' parts included."""
@@ -106,7 +109,7 @@ class _Composite(ActionSampler):
         ):
             if part_mask is not None and not head.takes_mask:
                 raise TypeError(
-                    f"got a mask for part {name(path)!r}, a {type(head).__name__}, which "
+                    f"got a mask for part {path_name(path)!r}, a {type(head).__name__}, which "
                     f"takes no mask; pass None for that part or leave it out."
                 )
             dists.append(head.distribution(part_inputs, part_mask))
@@ -120,10 +123,6 @@ class _Composite(ActionSampler):
             deterministic = True
         return [head._modes(deterministic) for head in self._heads()]
 
-    def _all_deterministic(self, modes: list) -> bool:
-        heads = self._heads()
-        return all(h._all_deterministic(m) for h, m in zip(heads, modes, strict=True))
-
     def _entropy_needs_key(self) -> bool:
         return any(head._entropy_needs_key() for head in self._heads())
 
@@ -131,7 +130,7 @@ class _Composite(ActionSampler):
         found = list(paths(self._spec()))
         return [None] * len(found) if key is None else part_keys(key, found)
 
-    def _sample(self, inputs, dist, modes, key) -> tuple[Any, dict, list]:
+    def _sample(self, inputs, dist, modes, key) -> Scored:
         rows = zip(
             self._heads(),
             self._slices(inputs),
@@ -140,9 +139,7 @@ class _Composite(ActionSampler):
             self._part_keys(key),
             strict=True,
         )
-        sampled = [h._sample(x, d, m, k) for h, x, d, m, k in rows]
-        data = build(self._spec(), [part_data for part_data, _, _ in sampled])
-        return (data, *self._joined(dist, [(out, own) for _, out, own in sampled]))
+        return self._joined(dist, [h._sample(x, d, m, k) for h, x, d, m, k in rows])
 
     def _unpack(self, dist, rollout_extras) -> tuple[Any, list]:
         rows = zip(
@@ -154,61 +151,58 @@ class _Composite(ActionSampler):
         unpacked = [head._unpack(d, extras) for head, d, extras in rows]
         return build(self._spec(), [data for data, _ in unpacked]), [old for _, old in unpacked]
 
-    def _replay(self, dist, data) -> tuple[dict, list]:
+    def _replay(self, dist, data) -> Scored:
         rows = zip(
             self._heads(), self._split(dist.parts, "parts"), self._split(data, "data"), strict=True
         )
         return self._joined(dist, [head._replay(d, x) for head, d, x in rows])
 
-    def _joined(self, dist, own: list) -> tuple[dict, list]:
-        """The output of the parts' ``(output, own)`` pairs, and the pairs as ``own``."""
-        for (path, head), (out, _) in zip(self._parts(), own, strict=True):
-            _check_batch_shape(
-                path, head, "log_likelihood", out["log_likelihood"], dist.batch_shape
-            )
-        action = build(self._spec(), [out["action"] for out, _ in own])
-        own_log_likelihoods = build(self._spec(), [out["log_likelihood"] for out, _ in own])
-        log_likelihoods, log_likelihood = dist.combine(action, own_log_likelihoods)
-        output = {
-            "action": action,
-            "log_likelihood": log_likelihood,
-            "log_likelihoods": log_likelihoods,
-        }
-        return output, own
+    def _joined(self, dist, parts: list[Scored]) -> Scored:
+        """The parts' scorings as one, the parts' kept as ``extras``."""
+        for (path, head), part in zip(self._parts(), parts, strict=True):
+            _check_batch_shape(path, head, "log_likelihood", part.log_likelihood, dist.batch_shape)
+        action = build(self._spec(), [part.action for part in parts])
+        own = build(self._spec(), [part.log_likelihood for part in parts])
+        log_likelihoods, log_likelihood = dist.combine(action, own)
+        data = build(self._spec(), [part.data for part in parts])
+        return Scored(data, action, log_likelihood, log_likelihoods, extras=parts)
 
-    def _pack(self, data, own: list) -> Any:
-        rows = zip(self._heads(), self._split(data, "data"), own, strict=True)
-        return build(self._spec(), [head._pack(x, part_own) for head, x, (_, part_own) in rows])
+    def _pack(self, scored: Scored) -> Any:
+        rows = zip(self._heads(), scored.extras, strict=True)
+        return build(self._spec(), [head._pack(part) for head, part in rows])
 
-    def _regularizations(self, dist, key, data) -> list[Array]:
+    def _part_costs(self, dist, key, scored: Scored) -> list[Array]:
         """Each part's entropy cost, from its own entropy and weight."""
-        regularizations = []
-        for (path, head), d, k, x in zip(
+        costs = []
+        for (path, head), d, k, part in zip(
             self._parts(),
             self._split(dist.parts, "parts"),
             self._part_keys(key),
-            self._split(data, "data"),
+            scored.extras,
             strict=True,
         ):
-            cost = head._regularization(d, k, x)
+            cost = head._regularization(d, k, part)
             _check_batch_shape(path, head, "regularization_loss", cost, dist.batch_shape)
-            regularizations.append(cost)
-        return regularizations
+            costs.append(cost)
+        return costs
 
-    def _metrics(self, inputs, dist, output, own: list, old_log_likelihood) -> dict:
-        olds = old_log_likelihood or [None] * len(own)
+    def _metrics(self, inputs, dist, scored: Scored) -> dict:
+        """The parts' metrics, keyed ``"name/metric"``."""
+        olds = scored.old_log_likelihood or [None] * len(scored.extras)
         rows = zip(
             self._parts(),
             self._slices(inputs),
             self._split(dist.parts, "parts"),
-            own,
+            scored.extras,
             olds,
             strict=True,
         )
         return {
-            f"{name(path)}/{key}": value
-            for (path, head), x, d, (out, part_own), old in rows
-            for key, value in head._metrics(x, d, out, part_own, old).items()
+            f"{path_name(path)}/{key}": value
+            for (path, head), x, d, part, old in rows
+            for key, value in head._all_metrics(
+                x, d, dataclasses.replace(part, old_log_likelihood=old)
+            ).items()
         }
 
 
@@ -341,10 +335,10 @@ class CompositeSampler(_Composite):
             mask = {name: mask.get(name) for name in self._names}
         return self._split(mask, "mask")
 
-    def _regularization(self, dist, key, data) -> Array:
-        regularizations = self._regularizations(dist, key, data)
-        total = regularizations[0]
-        for cost in regularizations[1:]:
+    def _regularization(self, dist, key, scored: Scored) -> Array:
+        costs = self._part_costs(dist, key, scored)
+        total = costs[0]
+        for cost in costs[1:]:
             total = total + cost
         return total
 
@@ -435,8 +429,8 @@ class ParameterizedSampler(_Composite):
     def _masks(self, mask) -> list:
         return [mask] + [None] * len(self.parameters)
 
-    def _regularization(self, dist: Parameterized, key, data) -> Array:
-        choice, *parameters = self._regularizations(dist, key, data)
+    def _regularization(self, dist: Parameterized, key, scored: Scored) -> Array:
+        choice, *parameters = self._part_costs(dist, key, scored)
         probs = dist.choice.probs
         return choice + jnp.sum(probs * jnp.stack(parameters, -1), axis=-1)
 
@@ -445,7 +439,7 @@ def part_size(what: str, path: tuple[str, ...], head: Any) -> int:
     """Checks that ``head`` is a head with a ``num_params``, and returns it."""
     if not isinstance(head, ActionSampler):
         raise TypeError(
-            f"{what}'s part {name(path)!r} must be a policy head (a samplers.ActionSampler "
+            f"{what}'s part {path_name(path)!r} must be a policy head (a samplers.ActionSampler "
             f"with num_params), got {type(head).__name__}."
         )
     try:
@@ -453,11 +447,11 @@ def part_size(what: str, path: tuple[str, ...], head: Any) -> int:
     except AttributeError as error:
         raise ValueError(
             f"{what} slices the network output by each part's num_params, and part "
-            f"{name(path)!r} ({type(head).__name__}) has none ({error}); build the part "
+            f"{path_name(path)!r} ({type(head).__name__}) has none ({error}); build the part "
             f"with its size (e.g. SquashedNormalSampler(..., action_dim=n)), or give a head "
             f"of your own a num_params."
         ) from None
-    return _checks.positive_int(f"num_params of part {name(path)!r}", size)
+    return _checks.positive_int(f"num_params of part {path_name(path)!r}", size)
 
 
 def _check_batch_shape(path, head, what: str, value, batch_shape) -> None:
@@ -465,7 +459,7 @@ def _check_batch_shape(path, head, what: str, value, batch_shape) -> None:
     summed with the others, it would broadcast into a wrong sum."""
     if jnp.shape(value) != tuple(batch_shape):
         raise ValueError(
-            f"part {name(path)!r} ({type(head).__name__}) returned a {what} of shape "
+            f"part {path_name(path)!r} ({type(head).__name__}) returned a {what} of shape "
             f"{jnp.shape(value)} for inputs of batch shape {tuple(batch_shape)}; a head gives "
             f"one value per batch element, summed over its action's own axes."
         )
@@ -477,7 +471,7 @@ def _refuse_shared(what: str, leaves_: Iterator[tuple[tuple[str, ...], Any]]) ->
     for path, head in leaves_:
         if id(head) in seen:
             raise TypeError(
-                f"{what}'s parts {name(seen[id(head)])!r} and {name(path)!r} are the same "
-                f"{type(head).__name__}; build one head per part."
+                f"{what}'s parts {path_name(seen[id(head)])!r} and {path_name(path)!r} are "
+                f"the same {type(head).__name__}; build one head per part."
             )
         seen[id(head)] = path

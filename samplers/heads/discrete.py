@@ -46,23 +46,31 @@ class _MaskedSampler(ActionSampler):
 
     takes_mask = True
 
+    _stored_name = "action"
+
     def __init__(
         self,
         rngs: nnx.Rngs | nnx.RngStream,
         entropy_weight: float,
         *,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams)
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        super().__init__(
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+        )
 
     def _distribution(self, inputs: Float[Array, "*batch params"], mask) -> distrax.Distribution:
         logits = _checks.logits_array("logits", inputs)
         self._check_width(logits, "logits")
         return self._make(logits, mask)
 
-    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
+    def _metrics(self, inputs, dist, scored) -> dict:
         logits = _checks.logits_array("logits", inputs)  # in the dtype the head computes in
         return jax.lax.stop_gradient(self._masks_metrics(logits, dist))
 
@@ -112,6 +120,9 @@ class CategoricalSampler(_MaskedSampler):
         num_actions: The number of actions, positive.
         per_env_streams: If True, one random stream per environment in the carry
             state (see :meth:`initialize_state`).
+        log_ratio_metrics: If True, the rollout emits ``{"action",
+            "log_likelihood"}`` and a replay reports ``log_ratio`` and ``approx_kl``
+            (see :class:`samplers.ActionSampler`).
         rng_collection: The stream keys are drawn from, falling back to ``default``.
 
     Example:
@@ -134,10 +145,15 @@ class CategoricalSampler(_MaskedSampler):
         num_actions: int,
         *,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
         super().__init__(
-            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
         )
         self.num_actions = _checks.positive_int("num_actions", num_actions)
 
@@ -165,8 +181,8 @@ class MultiDiscreteSampler(_MaskedSampler):
         rngs: The ``nnx.Rngs`` to draw from, or one ``nnx.RngStream`` of it.
         entropy_weight: Weight of the entropy bonus, finite (required).
         nvec: The number of choices of each sub-action.
-        per_env_streams: As in :class:`CategoricalSampler`.
-        rng_collection: As in :class:`CategoricalSampler`.
+        per_env_streams, log_ratio_metrics, rng_collection: As in
+            :class:`CategoricalSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -183,10 +199,15 @@ class MultiDiscreteSampler(_MaskedSampler):
         nvec: Sequence[int],
         *,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
         super().__init__(
-            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
         )
         self.nvec = _checks.nvec(nvec)
 
@@ -216,8 +237,8 @@ class MultiBinarySampler(_MaskedSampler):
         rngs: The ``nnx.Rngs`` to draw from, or one ``nnx.RngStream`` of it.
         entropy_weight: Weight of the entropy bonus, finite (required).
         num_bits: The number of bits, positive.
-        per_env_streams: As in :class:`CategoricalSampler`.
-        rng_collection: As in :class:`CategoricalSampler`.
+        per_env_streams, log_ratio_metrics, rng_collection: As in
+            :class:`CategoricalSampler`.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -236,10 +257,15 @@ class MultiBinarySampler(_MaskedSampler):
         num_bits: int,
         *,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
         super().__init__(
-            rngs, entropy_weight, per_env_streams=per_env_streams, rng_collection=rng_collection
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
         )
         self.num_bits = _checks.positive_int("num_bits", num_bits)
 

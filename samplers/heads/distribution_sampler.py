@@ -14,8 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
-from samplers import _checks
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, Scored
 from samplers.heads.static import Static
 
 
@@ -57,6 +56,9 @@ class DistributionSampler(ActionSampler):
             element then samples its row of the distribution (``jax.vmap`` over
             the distribution's arrays, which lead with the batch axes) with its
             own key.
+        log_ratio_metrics: If True, the rollout emits ``{"replay_data",
+            "log_likelihood"}`` and a replay reports ``log_ratio`` and ``approx_kl``
+            (see :class:`samplers.ActionSampler`).
         rng_collection: The stream keys are drawn from, falling back to
             ``default``; see :class:`samplers.ActionSampler`.
         rng: Deprecated, the old name of ``rngs``.
@@ -89,6 +91,7 @@ class DistributionSampler(ActionSampler):
         make_distribution: Callable[[Array], distrax.Distribution] | None = None,
         *,
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
         rng: nnx.Rngs | nnx.RngStream | None = None,
     ):
@@ -97,8 +100,14 @@ class DistributionSampler(ActionSampler):
                 f"make_distribution must be a function params -> distrax distribution, got "
                 f"{type(make_distribution).__name__}."
             )
-        self._init_stream(rngs, rng_collection, per_env_streams, rng)
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        super().__init__(
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+            rng=rng,
+        )
         self._make_distribution = Static(make_distribution)
 
     @property
@@ -131,13 +140,15 @@ class DistributionSampler(ActionSampler):
             )
         return dist
 
-    def _draw_data(self, inputs, dist, modes, key) -> Array:
+    def _sample(self, inputs, dist, modes, key) -> Scored:
         if modes or not self.per_env_streams:
-            return super()._draw_data(inputs, dist, modes, key)
+            return super()._sample(inputs, dist, modes, key)
         # Each row of the user's distribution, made from its row of inputs: a distrax
         # distribution's arrays need not lead with the batch axes.
         batch_shape = key.shape
         rows = inputs.reshape(-1, *inputs.shape[len(batch_shape) :])
         draw = jax.vmap(lambda row, k: self._make_distribution.value(row).sample(seed=k))
         samples = draw(rows, key.reshape(-1))
-        return jax.lax.stop_gradient(samples.reshape(*batch_shape, *samples.shape[1:]))
+        return self._replay(
+            dist, jax.lax.stop_gradient(samples.reshape(key.shape + samples.shape[1:]))
+        )

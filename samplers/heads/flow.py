@@ -18,49 +18,41 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from samplers import _checks
+from samplers.distributions.bijectors import Tanh
 from samplers.distributions.constructors import squashed_flow
-from samplers.distributions.flow import SquashedFlow
-from samplers.heads.squashed_normal import Entropy, SquashedNormalSampler
+from samplers.distributions.flow import SquashedFlow, coupling_layer
+from samplers.heads.pre_image import Entropy, PreImageSampler
+from samplers.heads.static import Static
 
-# An affine layer's log-scale is bounded by a soft clamp, so that one step of
-# training cannot make a layer's scale overflow.
-_MAX_LOG_SCALE = 3.0
 _TRANSFORMS = ("affine", "spline")
 
 
-class FlowSampler(SquashedNormalSampler):
+class FlowSampler(PreImageSampler):
     """Samples ``f(g_K(... g_1(x0)))``, ``x0 ~ N(mean, std)``, with learned coupling
     layers ``g_k`` conditioned on state features.
 
-    The input's last axis is ``[mean | raw_std | features]``: ``2 * action_dim``
-    parameters of the base Normal (``std = (softplus(raw_std) + min_std) *
-    std_scale``, as in :class:`samplers.SquashedNormalSampler`) followed by
-    ``feature_dim`` features of the state. Layer ``k`` is a
-    ``distrax.MaskedCoupling``: the dimensions its mask keeps are passed through,
-    and each other dimension goes through an elementwise transform whose
-    parameters an MLP computes from the kept dimensions and the features. The
-    masks alternate between layers; with one action dimension, every layer
-    transforms it, conditioned on the features alone. The MLPs are this module's
-    parameters (``nnx.Param``), trained with the network that feeds the head. Their
-    last layer starts at zero, so a new head is the squashed-Normal head: the
-    layers start as the identity.
+    The input's last axis is ``[mean | raw_std | features]``: the base Normal's
+    parameters (``std`` as in :class:`samplers.SquashedNormalSampler`), then
+    ``feature_dim`` features of the state. Layer ``k`` is
+    :func:`samplers.distributions.flow.coupling_layer`: the dimensions its mask keeps
+    pass through, each other one goes through an elementwise transform whose
+    parameters an MLP (this module's ``nnx.Param``) computes from the kept dimensions
+    and the features. The MLPs' last layer starts at zero: a new head is the
+    squashed-Normal head.
 
-    The replay data is the squashing's pre-image ``x_K``, which fixes the action; a
-    replay scores it by inverting the layers under the current parameters (never the
-    squashing), so a saturated action stays finite and the gradient with respect to
-    the conditioners is that of the log-density of the action taken. A rollout's
-    sample is scored the same way, at the cost of the layers' inverse after their
-    forward pass; its replay reproduces it to float32 rounding (the rollout and the
-    loss are different XLA programs, whose matrix products may round differently),
-    which spline layers amplify where a bin is nearly flat (see the flow guide for
-    the bound). With ``reparameterized=True`` (SAC, whose actor loss differentiates
-    a fresh sample and does not replay it) a fresh sample is scored forward instead,
-    as ``dist.sample_and_log_prob`` scores it: the layers' log-determinants taken on
-    the way out, no inverse run; its replay agrees to float rounding, not bit for
-    bit. The entropy has no closed form: ``entropy`` is
-    ``"sample"`` (the default: the Normal's entropy plus the log-determinant at one
-    draw, unbiased, not exact), ``("sample", n)`` (the mean over ``n`` draws) or
-    ``"base"`` (the Normal's entropy alone, ignoring the layers and the squashing).
+    The replay data is the squashing's pre-image ``x_K``; a replay scores it by
+    inverting the layers under the current parameters (never the squashing), so a
+    saturated action stays finite. A rollout's sample is scored the same way (the
+    layers' inverse after their forward pass); its replay reproduces it to float32
+    rounding (different XLA programs round matrix products differently), which
+    spline layers amplify where a bin is nearly flat (the flow guide gives the
+    bound). With ``reparameterized=True`` (SAC) a fresh sample is scored forward,
+    as ``dist.sample_with_pre_image`` scores it, no inverse run; its replay agrees
+    to float rounding. The entropy has no closed form: ``"sample"`` (the default:
+    the Normal's entropy plus the log-determinant at one draw, unbiased),
+    ``("sample", n)`` or ``"base"`` (the Normal's entropy alone). Non-finite inputs
+    (a mean, raw std or feature), or a NaN conditioner output, make that batch
+    element's outputs NaN.
 
     Args:
         rngs: The ``nnx.Rngs`` that initialises the MLPs (its ``params`` stream) and
@@ -71,14 +63,11 @@ class FlowSampler(SquashedNormalSampler):
         feature_dim: The width of the features after ``[mean | raw_std]``; 0 for a
             flow that does not see the state.
         num_layers: How many coupling layers, at least 1.
-        transform: ``"affine"`` (a shift and a scale whose log is softly clamped
-            to ``(-3, 3)``) or ``("spline", num_bins)``, a rational-quadratic
-            spline (distrax's, identity slopes at its ends) on
-            ``[-spline_range, spline_range]`` with ``num_bins`` bins (``"spline"``:
-            8), the identity outside. With ``action_dim=1`` an affine layer is an
-            affine map of the one dimension, conditioned on the features alone: the
-            head is then a squashed Normal whose mean and std the layers move; take
-            splines for any other shape.
+        transform: ``"affine"`` (a shift and a softly clamped scale) or
+            ``("spline", num_bins)`` (``"spline"``: 8 bins), a rational-quadratic
+            spline on ``[-spline_range, spline_range]``, the identity outside. With
+            ``action_dim=1`` affine layers make a squashed Normal whose mean and std
+            they move; take splines for any other shape.
         spline_range: The half-width of the interval a spline acts on, positive
             (5.0); pre-images outside it pass the spline layers unchanged.
         hidden_sizes: The MLPs' hidden widths.
@@ -93,11 +82,6 @@ class FlowSampler(SquashedNormalSampler):
             action to rounding (the conditioners' matrix products round by batch size).
         log_ratio_metrics: As in :class:`samplers.SquashedNormalSampler`.
         rng_collection: The stream keys are drawn from.
-
-    Non-finite inputs: a NaN or infinite mean, raw std or feature makes that batch
-    element's outputs NaN (through the base Normal, as in the squashed-Normal head),
-    and so does a NaN conditioner output, also where a spline would pass the value
-    through unchanged.
 
     Raises:
         TypeError: ``rngs`` is not an ``nnx.Rngs``.
@@ -150,10 +134,6 @@ class FlowSampler(SquashedNormalSampler):
         super().__init__(
             rngs,
             entropy_weight,
-            min_std,
-            std_scale,
-            action_dim=action_dim,
-            bijector=bijector,
             entropy=entropy,
             reparameterized=reparameterized,
             per_env_streams=per_env_streams,
@@ -165,6 +145,10 @@ class FlowSampler(SquashedNormalSampler):
                 f"a flow has no closed-form or quadrature entropy; pass entropy='sample', "
                 f"('sample', n) or 'base', got {entropy!r}."
             )
+        self.action_dim = _checks.positive_int("action_dim", action_dim)
+        self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
+        self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
+        self._bijector = Static(distrax.as_bijector(Tanh() if bijector is None else bijector))
         if isinstance(feature_dim, bool) or not isinstance(feature_dim, (int, np.integer)):
             raise TypeError(f"feature_dim must be an integer >= 0, got {feature_dim!r}.")
         if feature_dim < 0:
@@ -174,7 +158,6 @@ class FlowSampler(SquashedNormalSampler):
         self.transform = _transform_choice(transform)
         self.spline_range = _checks.real_number("spline_range", spline_range, above=0.0)
         action = self.action_dim
-        assert action is not None
         width = 2 if self.transform[0] == "affine" else 3 * self.transform[1] + 1
         self.conditioners = nnx.List(
             [
@@ -184,23 +167,28 @@ class FlowSampler(SquashedNormalSampler):
         )
 
     @property
+    def bijector(self) -> distrax.Bijector:
+        """The elementwise squashing; its parameters are constants, not module state."""
+        return self._bijector.value
+
+    @property
     def num_params(self) -> int:
         """``2 * action_dim + feature_dim``: ``[mean | raw_std | features]``."""
-        assert self.action_dim is not None
-        return 2 * self.action_dim + self.feature_dim
+        return super().num_params + self.feature_dim
 
-    # A flow head is a squashed-Normal head whose distribution has layers: SquashedFlow
-    # answers every method of it that the base class calls.
-    def _distribution(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self, inputs: Float[Array, "*batch params"], mask=None
-    ) -> SquashedFlow:
+    def _distribution(self, inputs: Float[Array, "*batch params"], mask=None) -> SquashedFlow:
         self._check_width(inputs, "[mean | raw_std | features]", "2 * action_dim + feature_dim")
         split = self.num_params - self.feature_dim
         features = inputs[..., split:]
         # A non-finite feature makes its batch element NaN, through the base Normal.
         finite = jnp.all(jnp.isfinite(features), axis=-1, keepdims=True)
         base = jnp.where(finite, inputs[..., :split], jnp.nan)
-        layers = [self._layer(index, features) for index in range(len(self.conditioners))]
+        layers = [
+            coupling_layer(
+                k, self.action_dim, conditioner, features, self.transform, self.spline_range
+            )
+            for k, conditioner in enumerate(self.conditioners)
+        ]
         return squashed_flow(
             base,
             layers,
@@ -209,43 +197,8 @@ class FlowSampler(SquashedNormalSampler):
             std_scale=self.std_scale,
         )
 
-    def _sample(self, inputs, dist: SquashedFlow, modes, key):
-        if modes or not self.reparameterized:
-            return super()._sample(inputs, dist, modes, key)
-        # A SAC actor differentiates a fresh sample and does not replay it: scored
-        # forward, without the layers' inverse.
-        action, pre_image, log_likelihood = dist.sample_with_pre_image(seed=key)
-        return pre_image, {"action": action, "log_likelihood": log_likelihood}, log_likelihood
-
-    def _layer(self, index: int, features) -> distrax.MaskedCoupling:
-        """Coupling layer ``index``, its conditioner seeing ``features``."""
-        action = self.action_dim
-        assert action is not None
-        keep = np.arange(action) % 2 == index % 2 if action > 1 else np.zeros(1, bool)
-        conditioner = self.conditioners[index]
-
-        def parameters(kept):
-            shape = (*kept.shape[:-1], features.shape[-1])
-            seen = jnp.concatenate([kept, jnp.broadcast_to(features, shape)], axis=-1)
-            return conditioner(seen).reshape(*kept.shape, -1)
-
-        return distrax.MaskedCoupling(jnp.asarray(keep), parameters, self._inner)
-
-    def _inner(self, params) -> distrax.Bijector:
-        """The elementwise transform of one coupling layer, from its parameters."""
-        if self.transform[0] == "affine":
-            log_scale = _MAX_LOG_SCALE * jnp.tanh(params[..., 1] / _MAX_LOG_SCALE)
-            return distrax.ScalarAffine(shift=params[..., 0], log_scale=log_scale)
-        spline = distrax.RationalQuadraticSpline(
-            params,
-            range_min=-self.spline_range,
-            range_max=self.spline_range,
-            boundary_slopes="identity",
-        )
-        # The spline is the identity outside its range whatever its parameters: a shift by
-        # 0 * their sum carries a NaN parameter into the value there too.
-        guard = distrax.ScalarAffine(shift=0.0 * jnp.sum(params, axis=-1))
-        return distrax.Chain([guard, spline])
+    def _metrics(self, inputs, dist, scored) -> dict:
+        return {"mu": dist.loc, "sigma": dist.scale, **super()._metrics(inputs, dist, scored)}
 
 
 class _Conditioner(nnx.Module):

@@ -2,59 +2,42 @@
 
 The replay data is the pre-image ``x``: a replay scores the stored ``x`` under the
 current parameters, never ``f^-1(action)``, which is infinite once ``f`` saturates.
-The call is :class:`samplers.ActionSampler`'s.
+The call is :class:`samplers.ActionSampler`'s, the entropy choice and bound metrics
+:class:`samplers.heads.pre_image.PreImageSampler`'s.
 """
 
 import math
-import warnings
 from collections.abc import Callable
+from typing import cast
 
 import distrax
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import checkify
 from jaxtyping import Array, Float
 
 from samplers import _checks
-from samplers._numerics import k3
-from samplers.distributions.bijectors import Tanh, squashing
+from samplers.distributions.bijectors import Tanh
 from samplers.distributions.constructors import squashed_normal, squashed_normal_from_log_std
 from samplers.distributions.squashed_normal import SquashedNormal
-from samplers.heads.action_sampler import ActionSampler, bound_metrics
+from samplers.heads.pre_image import Entropy, PreImageSampler
 from samplers.heads.static import Static
 
-# The entropy choices that take a number of samples or nodes, with its default.
-_COUNTED = {"sample": 1, "quadrature": 8}
-_CLOSED_FORMS = ("exact", "base")
 
-Entropy = str | tuple[str, int]
-
-
-class SquashedNormalSampler(ActionSampler):
+class SquashedNormalSampler(PreImageSampler):
     """Samples ``f(x)``, ``x ~ N(mean, std)``, for an elementwise distrax bijector ``f``.
 
     The input's last axis is ``[mean | raw_std]`` and
     ``std = (softplus(raw_std) + min_std) * std_scale``; the distribution is
     :func:`samplers.squashed_normal`. The output is
     ``{"action": f(x), "log_likelihood": log p(f(x))}``, with ``x`` in
-    ``rollout_extras`` and the log-likelihood computed from ``x`` (never from
-    ``f^-1(action)``, which is infinite once ``f`` saturates). The
-    ``regularization_loss`` is ``-entropy_weight * H``, for the entropy ``H``
-    chosen by ``entropy`` (by default a one-sample reparameterised estimate,
-    unbiased, not exact).
-
-    ``metrics`` holds ``mu`` and ``sigma`` and, for a bounded squashing (tanh,
-    ``BoundedTanh``, sigmoid), per batch element: ``saturation``, the fraction of
-    action dimensions exactly on a bound (where only the stored pre-image can be
-    scored), and ``bound_distance``, the smallest distance of the action to a
-    bound. With ``log_ratio_metrics=True``, a replay also reports ``log_ratio``
-    (current minus rollout log-likelihood) and ``approx_kl``, the per-element k3
-    estimate ``expm1(log_ratio) - log_ratio`` of ``KL(rollout || current)``;
-    :func:`samplers.ppo_log_ratio_stats` turns them into clip fractions.
-
-    The options below are those of every squashed-Normal head
-    (:class:`NormalTanhSampler`, :class:`StateIndependentSampler`).
+    ``rollout_extras`` and the log-likelihood computed from ``x``. The
+    ``regularization_loss`` is ``-entropy_weight * H`` for the entropy chosen by
+    ``entropy`` (by default a one-sample reparameterised estimate, unbiased, not
+    exact). ``metrics``: ``mu``, ``sigma`` and, for a bounded squashing (tanh,
+    ``BoundedTanh``, sigmoid), ``saturation`` and ``bound_distance`` (see
+    :class:`samplers.heads.pre_image.PreImageSampler`). The options below are those
+    of every squashed-Normal head.
 
     Args:
         rngs: The ``nnx.Rngs`` to draw from (positional or ``rngs=``, flax's
@@ -62,52 +45,41 @@ class SquashedNormalSampler(ActionSampler):
         entropy_weight: Weight of the entropy bonus, finite (required).
         min_std: Floor added to the softplus, ``>= 0``.
         std_scale: Factor applied to the std, ``> 0``.
-        action_dim: The number of action dimensions, keyword-only, if known:
-            then :attr:`num_params` is ``2 * action_dim`` and a call refuses an
-            input of another width. ``None`` (the default) takes the action
-            dimension from each input.
+        action_dim: The number of action dimensions, if known: then
+            :attr:`num_params` is ``2 * action_dim`` and a call refuses an input of
+            another width. ``None`` (the default) takes it from each input.
         bijector: Elementwise squashing: ``samplers.Tanh()`` (the default),
             ``samplers.BoundedTanh(low, high)``, ``distrax.Sigmoid()``,
             ``distrax.Lambda(lambda x: x)``, ...
-        entropy: How ``H`` is computed, one value. ``"sample"`` (the default):
-            one reparameterised sample, the specified estimate, unbiased;
-            ``("sample", n)`` the mean of ``n``. ``"quadrature"``: 8-node
-            Gauss-Hermite, ``("quadrature", n)`` with ``n`` nodes; deterministic
-            but biased low for wide stds (for tanh at 8 nodes: under 4e-3 nats up
-            to std 1.3, up to 0.21 nats at std 4). ``"exact"``:
-            ``dist.entropy()`` (tanh, ``BoundedTanh`` and sigmoid), deterministic
-            and differentiable, about 5x the cost of the 8-node quadrature.
-            ``"base"``: the Normal's entropy alone, ignoring the squashing; biased
-            upwards for tanh. Only ``"sample"`` needs a key: with another choice a
-            replay or an ``eval()`` call draws none (see
-            :class:`samplers.ActionSampler`).
-        reparameterized: If True, the action keeps its pathwise gradient: a
-            fresh sample and its log-likelihood are differentiable functions of
-            ``mean`` and ``std`` through ``x = mean + std * eps``, and the
-            deterministic action ``f(mean)`` through ``x = mean``, with ``d f(x) /
-            dx = f'(x)`` also where float32 ``f(x)`` rounds onto a bound. This is
-            what SAC's ``alpha * log_likelihood - Q(s, action)`` and TD3's
-            ``-Q(s, f(mean))`` on the ``eval()`` head need. If False (the default,
-            as specified for PPO-style replay), the fresh sample and ``f(mean)``
-            are constants: gradients reach ``mean`` and ``std`` only through the
-            log-density of that fixed action. Values do not depend on the flag;
-            ``rollout_extras`` is the pre-image, without gradient, in both modes.
+        entropy: ``"sample"`` (the default: one reparameterised sample, the
+            specified estimate; ``("sample", n)`` the mean of ``n``);
+            ``"quadrature"``: 8-node Gauss-Hermite (``("quadrature", n)``: ``n``
+            nodes), deterministic but biased low for wide stds (for tanh at 8 nodes:
+            under 4e-3 nats up to std 1.3, up to 0.21 nats at std 4); ``"exact"``:
+            ``dist.entropy()`` (tanh, ``BoundedTanh`` and sigmoid), deterministic and
+            differentiable, about 5x the cost of the 8-node quadrature; ``"base"``:
+            the Normal's entropy alone, biased upwards for tanh. Only ``"sample"``
+            draws a key: with another, a replay or an ``eval()`` call draws none.
+        reparameterized: If True, the action keeps its pathwise gradient: a fresh
+            sample and its log-likelihood are differentiable functions of ``mean``
+            and ``std`` through ``x = mean + std * eps``, and the deterministic action
+            ``f(mean)`` through ``x = mean``, with ``d f(x) / dx = f'(x)`` also where
+            float32 ``f(x)`` rounds onto a bound (SAC's actor, TD3's ``-Q(s,
+            f(mean))`` on the ``eval()`` head). If False (the default, PPO), the
+            action is a constant and gradients reach ``mean`` and ``std`` only
+            through its log-density. Values do not depend on the flag.
         per_env_streams: If True, each environment has its own random stream in
-            the carry state: :meth:`initialize_state` returns one key per
-            environment, each call splits every key into the next state's key, a
-            sample key and an entropy key, and :meth:`reset_state` keeps them. An
-            environment's samples then do not depend on how the batch is split.
-            Pass the state that the rollout call received to its replay to replay
-            the entropy noise too.
+            the carry state (:meth:`initialize_state`): its samples then do not
+            depend on how the batch is split; pass the state that the rollout call
+            received to its replay to replay the entropy noise too.
         log_ratio_metrics: If True, the rollout emits ``{"pre_image",
-            "log_likelihood"}`` as ``rollout_extras`` (instead of the pre-image
-            alone) and a replay of it adds ``log_ratio`` and ``approx_kl`` to
-            ``metrics``.
+            "log_likelihood"}`` and a replay of it adds ``log_ratio`` and
+            ``approx_kl`` to ``metrics`` (see :class:`samplers.ActionSampler`).
         checked: If True, each call (and :meth:`distribution`) checks that its
-            input is finite with ``jax.experimental.checkify`` and reports the
-            first offending batch index (run the step under
-            ``checkify.checkify``; eager calls raise at once). Off by default: NaN
-            or inf inputs then give NaN or inf outputs, never finite wrong numbers.
+            input is finite with ``jax.experimental.checkify`` and reports the first
+            offending batch index (run the step under ``checkify.checkify``; eager
+            calls raise at once). Off by default: NaN or inf inputs then give NaN or
+            inf outputs, never finite wrong numbers.
         rng_collection: The name of the stream keys are drawn from; an
             ``nnx.Rngs`` without it falls back to its ``default`` stream.
         rng: Deprecated, the old name of ``rngs``.
@@ -132,7 +104,6 @@ class SquashedNormalSampler(ActionSampler):
         ((5, 2), (5, 2))
     """
 
-    # For the error a key drawn under a jax transform raises (ActionSampler._draw).
     _key_free_entropy = "build the head with entropy='exact' (or 'quadrature' or 'base')"
 
     def __init__(
@@ -153,15 +124,18 @@ class SquashedNormalSampler(ActionSampler):
         rng: nnx.Rngs | nnx.RngStream | None = None,
         entropy_points: int | None = None,
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams, rng)
-        self._init_options(
+        self._init_squashed(
+            rngs,
             entropy_weight,
-            bijector,
-            entropy,
-            entropy_points,
-            reparameterized,
-            log_ratio_metrics,
-            checked,
+            bijector=bijector,
+            checked=checked,
+            entropy=entropy,
+            reparameterized=reparameterized,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+            rng=rng,
+            entropy_points=entropy_points,
         )
         self.min_std = _checks.real_number("min_std", min_std, minimum=0.0)
         self.std_scale = _checks.real_number("std_scale", std_scale, above=0.0)
@@ -169,22 +143,10 @@ class SquashedNormalSampler(ActionSampler):
             None if action_dim is None else _checks.positive_int("action_dim", action_dim)
         )
 
-    def _init_options(
-        self,
-        entropy_weight,
-        bijector,
-        entropy,
-        entropy_points,
-        reparameterized,
-        log_ratio_metrics,
-        checked,
-    ) -> None:
-        """The options every squashed-Normal head takes, checked."""
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
-        self.entropy = _entropy_choice(entropy, entropy_points)
+    def _init_squashed(self, rngs, entropy_weight, *, bijector, checked, **options) -> None:
+        """The options of every squashed-Normal head, checked (``options``: the shell's)."""
+        PreImageSampler.__init__(self, rngs, entropy_weight, **options)
         self._bijector = Static(distrax.as_bijector(Tanh() if bijector is None else bijector))
-        self.reparameterized = bool(reparameterized)
-        self.log_ratio_metrics = bool(log_ratio_metrics)
         self.checked = bool(checked)
 
     @property
@@ -201,68 +163,8 @@ class SquashedNormalSampler(ActionSampler):
             inputs, self.bijector, min_std=self.min_std, std_scale=self.std_scale
         )
 
-    def _entropy_needs_key(self) -> bool:
-        return self.entropy[0] == "sample"
-
-    def _regularization(self, dist: SquashedNormal, key, data) -> Array:
-        return -self.entropy_weight * self._entropy(dist, key)
-
-    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
-        metrics = {"mu": dist.loc, "sigma": dist.scale}
-        bounds = squashing(self.bijector)
-        if bounds is not None:
-            metrics["saturation"], metrics["bound_distance"] = bound_metrics(
-                bounds, output["action"]
-            )
-        if old_log_likelihood is not None:
-            log_ratio = output["log_likelihood"] - old_log_likelihood
-            metrics["log_ratio"] = log_ratio
-            metrics["approx_kl"] = k3(log_ratio)
-        return metrics
-
-    def _pack(self, data, own) -> Array | dict:
-        if self.log_ratio_metrics:
-            return {"pre_image": data, "log_likelihood": jax.lax.stop_gradient(own)}
-        return data
-
-    def _unpack(self, dist: SquashedNormal, rollout_extras):
-        """The stored pre-image, and the rollout's log-likelihood if it was stored."""
-        if not self.log_ratio_metrics:
-            if isinstance(rollout_extras, dict):
-                raise TypeError(
-                    f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
-                    f"sampler replays the stored pre-image array alone; pass "
-                    f"log_ratio_metrics=True to the sampler that emitted it."
-                )
-            return dist.check_replay_data(rollout_extras), None
-        if not isinstance(rollout_extras, dict) or set(rollout_extras) != {
-            "pre_image",
-            "log_likelihood",
-        }:
-            raise TypeError(
-                f"with log_ratio_metrics=True, rollout_extras must be the dict "
-                f"{{'pre_image', 'log_likelihood'}} that the rollout call emitted, got "
-                f"{type(rollout_extras).__name__}."
-            )
-        old = rollout_extras["log_likelihood"]
-        old = _checks.float_array("rollout_extras['log_likelihood']", old)
-        _checks.stored_precision("rollout_extras['log_likelihood']", old, dist.loc.dtype)
-        if old.shape != dist.batch_shape:
-            raise ValueError(
-                f"rollout_extras['log_likelihood'] must have the batch shape "
-                f"{dist.batch_shape}, got {old.shape}."
-            )
-        return dist.check_replay_data(rollout_extras["pre_image"]), old
-
-    def _entropy(self, dist: SquashedNormal, key) -> Float[Array, "*batch"]:
-        name, points = self.entropy
-        if name == "sample":
-            return dist.entropy_estimate(seed=key, num_samples=points)
-        if name == "quadrature":
-            return dist.entropy_quadrature(points)
-        if name == "exact":
-            return dist.entropy()
-        return jnp.asarray(dist.distribution.entropy())
+    def _metrics(self, inputs, dist, scored) -> dict:
+        return {"mu": dist.loc, "sigma": dist.scale, **super()._metrics(inputs, dist, scored)}
 
 
 class NormalTanhSampler(SquashedNormalSampler):
@@ -336,15 +238,18 @@ class StateIndependentSampler(SquashedNormalSampler):
         rng: nnx.Rngs | nnx.RngStream | None = None,
         entropy_points: int | None = None,
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams, rng)
-        self._init_options(
+        self._init_squashed(
+            rngs,
             entropy_weight,
-            bijector,
-            entropy,
-            entropy_points,
-            reparameterized,
-            log_ratio_metrics,
-            checked,
+            bijector=bijector,
+            checked=checked,
+            entropy=entropy,
+            reparameterized=reparameterized,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+            rng=rng,
+            entropy_points=entropy_points,
         )
         self.action_dim = _checks.positive_int("action_dim", action_dim)
         initial_std = _checks.real_number("initial_std", initial_std, above=0.0)
@@ -353,7 +258,7 @@ class StateIndependentSampler(SquashedNormalSampler):
     @property
     def num_params(self) -> int:
         """``action_dim``: the input is the mean alone."""
-        return self.action_dim
+        return cast(int, self.action_dim)  # set by __init__
 
     def _distribution(self, inputs: Float[Array, "*batch action"], mask=None) -> SquashedNormal:
         """The distribution for the given means, with the learned std."""
@@ -368,34 +273,6 @@ class StateIndependentSampler(SquashedNormalSampler):
         # The constructor's dtype rules, std floor and NaN policy, as squashed_normal's.
         log_std = jnp.broadcast_to(self.log_std[...], mean.shape)
         return squashed_normal_from_log_std(mean, log_std, self.bijector)
-
-
-def _entropy_choice(entropy, entropy_points) -> tuple[str, int]:
-    """``entropy`` as ``(name, points)`` (0 for the closed forms); takes the deprecated
-    ``entropy_points=``."""
-    if entropy_points is not None:
-        warnings.warn(
-            f"entropy_points= is deprecated; pass entropy=({entropy!r}, {entropy_points!r}) "
-            f"as one value.",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        if entropy not in _COUNTED:
-            raise ValueError(
-                f"entropy={entropy!r} takes no entropy_points, got {entropy_points!r}; "
-                f"use entropy=('sample', n) or ('quadrature', n)."
-            )
-        entropy = (entropy, entropy_points)
-    if isinstance(entropy, str) and entropy in _CLOSED_FORMS:
-        return entropy, 0
-    if isinstance(entropy, str) and entropy in _COUNTED:
-        return entropy, _COUNTED[entropy]
-    if isinstance(entropy, tuple) and len(entropy) == 2 and entropy[0] in _COUNTED:
-        return entropy[0], _checks.positive_int(f"the count in entropy={entropy!r}", entropy[1])
-    raise ValueError(
-        f"entropy must be 'sample', 'quadrature', 'exact' or 'base', or ('sample', n) or "
-        f"('quadrature', n) with n >= 1, got {entropy!r}."
-    )
 
 
 def _check_finite(mean_and_std) -> None:

@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array
 
 from samplers import _checks
 from samplers.distributions.tokens import PAD, TokenCategorical
-from samplers.heads.action_sampler import ActionSampler
+from samplers.heads.action_sampler import ActionSampler, Scored
 
 TokenInputs = Any  # (hidden [*batch, D], unembedding [D, V]) or (hidden, unembedding, bias)
 
@@ -55,6 +54,9 @@ class TokenSampler(ActionSampler):
             :class:`samplers.TokenCategorical`.
         per_env_streams: If True, one random stream per token in the carry state
             (see :meth:`initialize_state`).
+        log_ratio_metrics: If True, the rollout emits ``{"replay_data",
+            "log_likelihood"}`` and a replay reports ``log_ratio`` and ``approx_kl``
+            (see :class:`samplers.ActionSampler`).
         rng_collection: The stream keys are drawn from, falling back to ``default``.
 
     Raises:
@@ -88,10 +90,16 @@ class TokenSampler(ActionSampler):
         max_kept: int = 256,
         block: tuple[int, int] = (128, 4096),
         per_env_streams: bool = False,
+        log_ratio_metrics: bool = False,
         rng_collection: str = "action",
     ):
-        self._init_stream(rngs, rng_collection, per_env_streams)
-        self.entropy_weight = _checks.real_number("entropy_weight", entropy_weight)
+        super().__init__(
+            rngs,
+            entropy_weight,
+            per_env_streams=per_env_streams,
+            log_ratio_metrics=log_ratio_metrics,
+            rng_collection=rng_collection,
+        )
         self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.max_kept, self.block = max_kept, cast(tuple[int, int], tuple(block))
@@ -144,21 +152,16 @@ class TokenSampler(ActionSampler):
             block=self.block,
         )
 
-    def _replay(self, dist, data) -> tuple[dict, Any]:
-        output, _ = super()._replay(dist, data)
-        return output, data  # the metrics read the stored support
+    def _replay(self, dist: TokenCategorical, data) -> Scored:
+        token, log_likelihood, entropy = dist.replay_and_entropy(data)
+        return Scored(data, token, log_likelihood, entropy=entropy)
 
-    def _regularization(self, dist, key, data) -> Array:
-        if dist.truncated:  # the support the token was drawn from, stored or fresh
-            return -self.entropy_weight * dist.entropy_on_support(data["support"])
-        return -self.entropy_weight * dist.full_entropy()
-
-    def _metrics(self, inputs, dist, output, own, old_log_likelihood) -> dict:
+    def _metrics(self, inputs, dist: TokenCategorical, scored: Scored) -> dict:
+        dtype = scored.log_likelihood.dtype
         if not dist.truncated:
-            dtype = output["log_likelihood"].dtype
             size = jnp.full(dist.batch_shape, self.vocab_size, dtype)
             return {"support_size": size, "kept_mass": jnp.ones(dist.batch_shape, dtype)}
-        support = own["support"]
+        support = scored.data["support"]
         kept = dist.support_mass(support)
         size = jnp.sum(support != PAD, axis=-1).astype(kept.dtype)
         return jax.lax.stop_gradient({"support_size": size, "kept_mass": kept})

@@ -345,7 +345,7 @@ def test_bad_steps_data_and_sizes_are_refused_by_name():
     dist = _distribution(_params(0))
     with pytest.raises(ValueError, match=r"sub-actions \['unit', 'kind', 'target'\]"):
         dist.check_replay_data({"unit": jnp.zeros(B, int)})
-    with pytest.raises(ValueError, match="rollout_extras must have the action shape"):
+    with pytest.raises(ValueError, match=r"replay data\['kind'\] must have the action shape"):
         dist.check_replay_data({"unit": jnp.zeros(B, int), "kind": jnp.zeros(2, int), "target": 0})
     with pytest.raises(NotImplementedError, match=r"max_prefixes=5 .* up to 'kind' number 6"):
         _distribution(_params(0), max_prefixes=5).entropy()

@@ -26,7 +26,8 @@ from scipy import integrate, special, stats
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
-from samplers.distributions.beta import LogitBeta, SquashedBeta, squashed_beta
+from samplers.distributions.beta import LogitBeta, SquashedBeta
+from samplers.distributions.constructors import squashed_beta
 from tests import oracle
 from tests._tiers import BATCH_SHAPES, slow
 

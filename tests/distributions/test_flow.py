@@ -421,7 +421,7 @@ def test_what_a_flow_does_not_have_is_refused_with_the_fix():
         samplers.SquashedFlow(jnp.zeros(2), jnp.ones(3))
     with pytest.raises(ValueError, match="elementwise"):
         samplers.SquashedFlow(jnp.zeros(2), jnp.ones(2), (), distrax.Block(distrax.Tanh(), 1))
-    with pytest.raises(ValueError, match="rollout_extras"):
+    with pytest.raises(ValueError, match="replay data"):
         dist.check_replay_data(np.zeros((B, A + 1), np.float32))
 
 

@@ -185,10 +185,10 @@ def test_stored_data_of_another_shape_or_kind_is_refused(make):
     dist = make()
     data = dist.sample_replay_data(seed=jax.random.key(2))
     first = jax.tree.leaves(data)[0]
-    with pytest.raises((ValueError, TypeError), match="rollout_extras"):
+    with pytest.raises((ValueError, TypeError), match="replay data"):
         dist.check_replay_data(jax.tree.map(lambda x: x[:-1], data))
     wrong = jnp.float16 if jnp.issubdtype(first.dtype, jnp.floating) else jnp.float32
-    with pytest.raises(TypeError, match="rollout_extras"):
+    with pytest.raises(TypeError, match="replay data"):
         dist.check_replay_data(jax.tree.map(lambda x: x.astype(wrong), data))
 
 
@@ -261,5 +261,5 @@ def test_the_functions_replay_any_distrax_distribution_by_its_action():
     _equal(replay.deterministic_replay_data(dist), dist.mode())
     with pytest.raises(ValueError, match=r"needs a samplers\.Replayable distribution"):
         replay.sample_replay_data(dist, jax.random.split(jax.random.key(3), B))
-    with pytest.raises(TypeError, match="rollout_extras must have a floating dtype"):
+    with pytest.raises(TypeError, match="replay data must have a floating dtype"):
         replay.check_replay_data(dist, jnp.zeros((B, A), jnp.int32))

@@ -15,7 +15,8 @@ from flax import nnx
 from jaxtyping import jaxtyped
 from scipy import special
 
-from samplers.distributions.beta import SquashedBeta, squashed_beta
+from samplers.distributions.beta import SquashedBeta
+from samplers.distributions.constructors import squashed_beta
 from samplers.heads.beta import BetaSampler
 from tests._tiers import each_value_once, slow
 

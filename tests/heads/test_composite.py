@@ -8,6 +8,7 @@ Most structural checks run eagerly: once the first call has compiled the parts' 
 operations for these shapes, the variants reuse them, where each traced variant would
 compile a program of its own."""
 
+import dataclasses
 import functools
 import zlib
 
@@ -546,8 +547,7 @@ class _PerChoice(CategoricalSampler):
     """A head that, wrongly, gives one log-likelihood per choice."""
 
     def _replay(self, dist, data):
-        output, own = super()._replay(dist, data)
-        return {**output, "log_likelihood": dist.logits}, own
+        return dataclasses.replace(super()._replay(dist, data), log_likelihood=dist.logits)
 
 
 def test_a_part_s_log_likelihood_that_is_not_one_value_per_batch_element_is_refused():
