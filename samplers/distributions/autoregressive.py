@@ -212,9 +212,13 @@ class Autoregressive(distrax.Distribution, Replayable):
                 f"{name} must be a dict with the sub-actions {list(self._names)}, got "
                 f"{type(replay_data).__name__} {got}; pass the {name} of a sample."
             )
-        return self._draw(
-            lambda k, d: _replay.check_replay_data(d, replay_data[k], f"{name}[{k!r}]")
-        )
+
+        def check(data):
+            return self._draw(lambda k, d: _replay.check_replay_data(d, data[k], f"{name}[{k!r}]"))
+
+        # Each step is built for its shapes and dtypes alone: no step is computed.
+        checked = jax.eval_shape(check, dict(replay_data))
+        return jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), dict(replay_data), checked)
 
     # distrax's methods.
 

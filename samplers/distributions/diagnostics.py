@@ -88,8 +88,8 @@ def bound_distance(
     Raises:
         TypeError: the squashing is not one of the above, or ``action`` is not
             floating.
-        ValueError: ``action`` has no last axis, or the bounds do not broadcast to
-            its shape.
+        ValueError: ``action`` has no last axis or an empty one, or the bounds do
+            not broadcast to its shape.
 
     Example:
         >>> import jax.numpy as jnp, samplers
@@ -114,6 +114,7 @@ def bound_distance(
             "action must have shape [*batch, action], got a scalar; add the action axis "
             "with action[None]."
         )
+    _checks.nonempty("action", action, axis=-1)
     shape = jnp.broadcast_shapes(jnp.shape(bounds.low), jnp.shape(bounds.high))
     if not _broadcasts_to(shape, action.shape):
         raise ValueError(

@@ -386,3 +386,15 @@ def test_an_infinite_ratio_gives_an_infinite_kl_not_nan():
     # (r - 1) - log r -> +inf as log r -> +inf; written naively it is inf - inf.
     stats = ppo_log_ratio_stats(jnp.array([jnp.inf, 0.0]), jnp.zeros(2))
     assert stats["approx_kl"] == jnp.inf and stats["clip_fraction"] == 0.5
+
+
+def test_an_empty_batch_is_refused_naming_the_argument_where_a_statistic_needs_one():
+    with pytest.raises(ValueError, match=r"log_prob is empty along the axes reduced over"):
+        samplers.ppo_log_ratio_stats(jnp.zeros(0), jnp.zeros(0))
+    with pytest.raises(ValueError, match=r"pre_image is empty .*\(0, 3\)"):
+        samplers.saturation_fraction(jnp.zeros((0, 3)))
+    with pytest.raises(ValueError, match=r"action is empty .*\(4, 0\)"):
+        samplers.bound_distance(samplers.Tanh(), jnp.zeros((4, 0)))
+    # Reduced over non-empty axes, an empty batch gives an empty result.
+    assert samplers.saturation_fraction(jnp.zeros((0, 3)), axis=-1).shape == (0,)
+    assert samplers.bound_distance(samplers.Tanh(), jnp.zeros((0, 2))).shape == (0,)

@@ -353,3 +353,53 @@ def test_a_replayed_unit_forbidden_now_whose_targets_are_all_forbidden_scores_mi
     assert np.all(np.isfinite(out.regularization_loss))
     assert np.all(out.metrics["target/entropy"][units == 2] == 0)
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(nnx.state(grads, nnx.Param)))
+
+
+class _Counted(nnx.Module):
+    """A conditioner that counts its evaluations on arrays (not its traces)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.evaluations = 0
+
+    def __call__(self, x):
+        if not isinstance(x, jax.core.Tracer):
+            self.evaluations += 1
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("entropy", ["exact", "along_sample"])
+def test_a_call_builds_each_sub_action_s_distribution_once_from_its_data(entropy):
+    # The replay scores the stored data, and its entropy cost and metrics read what the
+    # scoring computed; the exact entropy builds the later sub-actions once more, over
+    # every prefix. A rollout builds each later sub-action for its draw and once more to
+    # score the data drawn.
+    rngs = nnx.Rngs(0)
+    steps = {
+        "unit": samplers.CategoricalSampler(rngs, 0.0, num_actions=3),
+        "target": samplers.CategoricalSampler(rngs, 0.0, num_actions=4),
+    }
+    conditioners = {
+        "unit": _Counted(nnx.Linear(F, 3, rngs=rngs)),
+        "target": _Counted(nnx.Linear(F + 3, 4, rngs=rngs)),
+    }
+    head = samplers.AutoregressiveSampler(
+        steps,
+        features=F,
+        entropy_weight=0.1,
+        rngs=rngs,
+        conditioners=conditioners,
+        entropy=entropy,
+    )
+    enumerated = 1 if entropy == "exact" else 0
+
+    def evaluations(call):
+        for conditioner in conditioners.values():
+            conditioner.evaluations = 0
+        out = call()
+        return out, [conditioners[name].evaluations for name in ("unit", "target")]
+
+    out, rollout = evaluations(lambda: head((), _features(), mask=MASK))
+    _, replay = evaluations(lambda: head((), _features(), out.rollout_extras, mask=MASK))
+    assert replay == [1, 1 + enumerated]
+    assert rollout == [1, 2 + enumerated]

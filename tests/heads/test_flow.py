@@ -224,7 +224,7 @@ def test_a_reparameterized_flow_part_of_a_composite_is_scored_forward():
     key = nnx.clone(composite).rng.action()  # the key the call draws first
     out = composite((), x)
     dist = composite.distribution(x)
-    part_key = samplers.distributions.composite.part_key
+    part_key = samplers.distributions._keys.part_key
     _, pre_image, log_prob = dist.parts["flow"].sample_with_pre_image(seed=part_key(key, ("flow",)))
     np.testing.assert_array_equal(out.rollout_extras["flow"], pre_image)
     np.testing.assert_array_equal(out.output["log_likelihoods"]["flow"], log_prob)
