@@ -325,11 +325,11 @@ def _moments_wide(m, s):
 # dg/dm = erf(m / (v sqrt 2)) and dg/dv = sqrt(2 / pi) exp(-m**2 / (2 v**2)). The law of K
 # is replaced by stds sigma_j with weights w_j (summing to 1), fitted once to minimise the
 # largest |e(x)| and |e'(x)| over x (minimax), e(x) = sum_j w_j g(x, sigma_j) - log(2 cosh x).
-# The value's error is then E[e(T)], and its derivatives' E[e'(T)] (m) and
-# E[Z e'(m + s Z)] (s): for every m and s within 2 max|e|, 2 max|e'| and
-# 2 sqrt(2 / pi) max|e'|, the maxima over x given with each rule below and checked in
-# tests/distributions/test_squashed_normal.py. Each term costs an rsqrt, an exp and an erf,
-# shared by the value and both derivatives.
+# The error of E|T - L| is then E[e(T)], and that of its derivatives E[e'(T)] (m) and
+# E[Z e'(m + s Z)] (s), so for every m and s E[log sech(T)**2] and its derivatives are
+# within 2 max|e|, 2 max|e'| and 2 sqrt(2 / pi) max|e'|, the maxima over x given with
+# each rule below and checked in tests/distributions/test_squashed_normal.py. Each term
+# costs an rsqrt, an exp and an erf, shared by the value and both derivatives.
 # float32: 6 terms, max|e| and max|e'| under 2e-7 (1.93e-7 both).
 _MIXTURE_32 = (
     (0.41486486636904657, 0.01963905871613166),
@@ -384,9 +384,11 @@ def _expected_log_sech_squared_jvp(primals, tangents):
 
 
 def _expected_log_sech_squared_and_derivatives(m, s):
-    """The value and its derivatives with respect to ``m`` and ``s``.
+    """The value and its derivatives with respect to ``m`` and ``s``, elementwise.
 
-    Summed term by term, so that XLA fuses each term into one elementwise loop.
+    The terms are summed one by one: with a term axis, summed by ``jnp.sum`` or by a
+    matrix product, the value and gradient took 2.3 and 1.4 times as long at
+    B = 65536, A = 8 on the CPU (one run).
     """
     # In units of c = s clipped to [1, 2 sqrt(largest float)], so that no square
     # overflows: with q = 1 / c, 1 / v_j = q rsqrt((s q)**2 + (sigma_j q)**2). The
