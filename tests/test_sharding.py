@@ -18,9 +18,8 @@ What they establish:
   global draw; folding in ``jax.lax.axis_index`` gives each shard its own. With
   ``per_env_streams`` the keys are split with the batch, and every shard draws
   what the unsharded call draws for its environments.
-- The exact entropy of a batch large enough to be evaluated in steps, under
-  ``jax.jit`` with the batch sharded along ``B`` of ``[B, A]`` (also ``B = 4100``,
-  which splits into 5 steps) or ``[T, B, A]``, explicit and automatic sharding:
+- The exact entropy of a batch under ``jax.jit`` with the batch sharded along ``B``
+  of ``[B, A]`` (also ``B = 4100``) or ``[T, B, A]``, explicit and automatic sharding:
   its value and gradient are the unsharded run's up to rounding, stay sharded, and
   the program moves no rows between devices (no all-gather, no all-to-all).
 """
@@ -139,12 +138,12 @@ def test_shard_map_sampler_with_per_env_streams_draws_the_unsharded_noise(sharde
 @pytest.mark.parametrize(
     "name",
     [
-        "exact entropy in steps Explicit [B,A]",
-        "exact entropy in steps Auto [T,B,A]",
-        "exact entropy in steps Explicit [B,A] B=4100",
+        "exact entropy sharded Explicit [B,A]",
+        "exact entropy sharded Auto [T,B,A]",
+        "exact entropy sharded Explicit [B,A] B=4100",
     ],
 )
-def test_exact_entropy_of_a_sharded_batch_is_computed_in_place_in_steps(sharded_entropy, name):
+def test_exact_entropy_of_a_sharded_batch_is_computed_in_place(sharded_entropy, name):
     _assert_passed(sharded_entropy, name)
 
 

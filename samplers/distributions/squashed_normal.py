@@ -387,12 +387,16 @@ class SquashedNormal(PreImageReplay):
     def entropy(self, input_hint: Any = None) -> Float[Array, "*batch"]:
         """The exact entropy of the action, in nats, summed over the action axis.
 
-        ``H[f(X)] = H[X] + E[log f'(X)]``, with the expectation computed by a fixed
-        quadrature: deterministic and differentiable with respect to ``loc``,
-        ``scale`` and the bounds; its error is stated and tested on the guarantees
-        page. For the squashings (a bijector with a :class:`samplers.Squashing`);
-        for a constant log-determinant (e.g. the identity),
-        ``distrax.Transformed.entropy``.
+        ``H[f(X)] = H[X] + E[log f'(X)]``, with ``E[log sech(X / k)**2]`` taken
+        through the logistic law as a Normal scale mixture of six terms (nine in
+        float64), each in closed form: deterministic and differentiable with respect
+        to ``loc``, ``scale`` and the bounds, with one rule for every mean and std;
+        its error is bounded, stated and tested on the guarantees page. Its value and
+        gradient cost an ``rsqrt``, an ``exp`` and an ``erf`` per term and dimension:
+        1.8 times the one-sample :meth:`entropy_estimate` on 2 CPU cores at
+        ``B = 65536``, ``A = 8``. For the squashings (a bijector with a
+        :class:`samplers.Squashing`); for a constant log-determinant (e.g. the
+        identity), ``distrax.Transformed.entropy``.
 
         Args:
             input_hint: Unused; distrax's signature.
