@@ -45,25 +45,7 @@ class _MaskedSampler(ActionSampler):
     """
 
     takes_mask = True
-
     _stored_name = "action"
-
-    def __init__(
-        self,
-        rngs: nnx.Rngs | nnx.RngStream,
-        entropy_weight: float,
-        *,
-        per_env_streams: bool = False,
-        log_ratio_metrics: bool = False,
-        rng_collection: str = "action",
-    ):
-        super().__init__(
-            rngs,
-            entropy_weight,
-            per_env_streams=per_env_streams,
-            log_ratio_metrics=log_ratio_metrics,
-            rng_collection=rng_collection,
-        )
 
     def _distribution(self, inputs: Float[Array, "*batch params"], mask) -> distrax.Distribution:
         logits = _checks.logits_array("logits", inputs)
