@@ -17,6 +17,11 @@ from scipy import special, stats
 import samplers
 from samplers.distributions import replay
 from tests._tiers import slow
+from tests.reference import (
+    masked_log_softmax_float64,
+    softplus_std_float64,
+    tanh_normal_log_prob_float64,
+)
 
 B, A = 6, 3
 
@@ -197,14 +202,12 @@ def test_replayed_log_probs_and_gradients_match_float64_formulas():
     action: value and gradient with respect to every parameter and the pre-image."""
     mean, raw_std = np.split(np.asarray(_params(0, 2 * A), np.float64), 2, -1)
     x = 0.5 + 3.0 * np.asarray(_params(7, A), np.float64)  # saturated ones included
-    std = np.logaddexp(0.0, raw_std) + 1e-3
+    std = softplus_std_float64(raw_std)
 
     def normal_tanh(m, s, x):
         return samplers.normal_tanh(jnp.concatenate([m, s], -1)).replay(x)[1].sum()
 
-    expected = np.sum(
-        stats.norm.logpdf(x, mean, std) - (np.log(4.0) - 2 * np.logaddexp(x, -x)), -1
-    ).sum()
+    expected = tanh_normal_log_prob_float64(x, mean, std).sum()
     args = [jnp.asarray(v, jnp.float32) for v in (mean, raw_std, x)]
     np.testing.assert_allclose(normal_tanh(*args), expected, rtol=2e-6)
     grads = jax.grad(normal_tanh, argnums=(0, 1, 2))(*args)
@@ -239,8 +242,7 @@ def test_replayed_log_probs_and_gradients_match_float64_formulas():
     def categorical(logits):
         return samplers.MaskedCategorical(logits, mask).replay(action)[1].sum()
 
-    masked = np.where(mask, logits, -np.inf)
-    log_p = masked - special.logsumexp(masked, -1, keepdims=True)
+    log_p = masked_log_softmax_float64(logits, mask)
     np.testing.assert_allclose(
         categorical(jnp.asarray(logits, jnp.float32)),
         log_p[np.arange(B), action].sum(),
