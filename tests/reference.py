@@ -119,7 +119,7 @@ def spec_sampler_call(
     return {
         "action": jnp.tanh(raw),
         "log_likelihood": log_likelihood,
-        "raw_action": raw,
+        "rollout_extras": raw,
         "regularization_loss": -entropy_weight * entropy,
         "mu": mean,
         "sigma": std,
