@@ -126,12 +126,13 @@ def spec_sampler_call(
     }
 
 
-def tanh_normal_entropy_float64(mean, std):
-    """Entropy of ``tanh(x)``, ``x ~ N(mean, std)`` (1-D), by float64 quadrature.
+def squashed_normal_entropy_float64(mean, std, log_derivative=tanh_log_derivative_float64):
+    """Entropy of ``f(x)``, ``x ~ N(mean, std)`` (1-D), by float64 quadrature, for the
+    squashing whose ``log |f'(x)|`` is ``log_derivative`` (default: tanh).
 
-    ``H[y] = -E[log p_y(tanh x)]``, integrated over the pre-image on a dense grid.
+    ``H[y] = -E[log p_y(f(x))]``, integrated over the pre-image on a dense grid.
     """
     x = np.linspace(mean - 14 * std, mean + 14 * std, 400_001)
-    density = np.exp(-0.5 * ((x - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
-    log_p = tanh_normal_log_prob_float64(x[:, None], mean, std)
-    return -np.trapezoid(density * log_p, x)
+    log_normal = normal_log_prob_float64(x, mean, std)
+    log_p = log_normal - log_derivative(x)
+    return -np.trapezoid(np.exp(log_normal) * log_p, x)

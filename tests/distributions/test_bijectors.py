@@ -217,3 +217,18 @@ def _mode_pre_image(dist):
     from samplers.distributions import _squashed
 
     return _squashed.mode_pre_image(dist.loc, dist.scale, 2.0)
+
+
+@pytest.mark.parametrize("mean", [1e3, -1e3, 100.0, -100.0])
+def test_distrax_sigmoid_gradient_is_nan_when_saturated(mean):
+    """Why ``samplers.Sigmoid`` exists: distrax's log-det evaluates both branches of a
+    ``jnp.where``, and for ``|x| > 88.72`` the untaken ``exp(x)`` overflows."""
+    gradient = jax.grad(lambda x: distrax.Sigmoid().forward_log_det_jacobian(x))(mean)
+    assert jnp.isnan(gradient)
+
+
+@pytest.mark.parametrize("low, high", [(1e-45, 1.0), (-1.0, -1e-40)])
+def test_subnormal_bounds_are_refused(low, high):
+    """XLA flushes subnormal float32 to zero, so such a bound could not be honoured."""
+    with pytest.raises(ValueError, match=r"must be 0 or at least 1.18e-38 in magnitude"):
+        samplers.BoundedTanh(np.array([low], np.float32), np.array([high], np.float32))

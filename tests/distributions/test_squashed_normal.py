@@ -1,3 +1,14 @@
+"""Building a ``SquashedNormal``, its pre-image path and its entropy.
+
+The constructors (``normal_tanh``, ``squashed_normal``, ``squashed_normal_from_std`` and
+``_from_log_std``, ``SquashedNormal``), the std maps and their floors, refused
+arguments, dtypes and the NaN policy of invalid parameters; then what a head calls: the
+pre-image path (``sample_with_pre_image``, ``sample_pre_image``,
+``log_prob_from_pre_image``, ``deterministic_action``) and the entropy (``entropy``,
+``entropy_estimate``, ``entropy_quadrature``), at the end over the whole parameter range.
+Where a squashed-Normal test goes: ``tests/README.md``.
+"""
+
 import functools
 
 import distrax
@@ -5,18 +16,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from tests import reference
 from tests._tiers import SLOW, each_value_once, slow
+from tests.helpers import (
+    LIMIT,
+    SQUASHING_KINDS,
+    normal_inputs,
+    softplus_inverse,
+    squashed_normal_parameters,
+    squashing,
+)
 
 tfd, tfb = tfp.distributions, tfp.bijectors
 A = 3
-
-
-def _inputs(batch_shape, scale=1.0, seed=0):
-    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
+_inputs = functools.partial(normal_inputs, width=2 * A)
 
 
 def test_normal_tanh_is_a_distrax_transformed_with_event_rank_one(batch_shape):
@@ -126,15 +145,8 @@ def test_entropy_estimate_is_the_reparameterised_one_sample_formula(batch_shape)
     eps = jax.random.normal(key, dist.loc.shape)
     mean, std = np.asarray(dist.loc, np.float64), np.asarray(dist.scale, np.float64)
     z = mean + std * eps
-    expected = np.sum(
-        0.5 + 0.5 * np.log(2 * np.pi) + np.log(std) + 2 * np.log(2) - 2 * np.logaddexp(z, -z),
-        axis=-1,
-    )
+    expected = reference.tanh_normal_entropy_estimate_float64(z, std)
     np.testing.assert_allclose(dist.entropy_estimate(seed=key), expected, rtol=1e-5, atol=1e-5)
-
-
-def _raw_std(std, min_std=1e-3):
-    return float(np.log(np.expm1(std - min_std)))
 
 
 @pytest.mark.parametrize(
@@ -146,8 +158,10 @@ def _raw_std(std, min_std=1e-3):
     )
 )
 def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_samples):
-    exact = reference.tanh_normal_entropy_float64(mean, std)
-    dist = samplers.normal_tanh(jnp.tile(jnp.array([mean, _raw_std(std)]), (20_000, 1)))
+    exact = reference.squashed_normal_entropy_float64(mean, std)
+    dist = samplers.normal_tanh(
+        jnp.tile(jnp.array([mean, softplus_inverse(std - 1e-3)]), (20_000, 1))
+    )
     estimates = np.asarray(
         dist.entropy_estimate(seed=jax.random.key(5), num_samples=num_samples), np.float64
     )
@@ -156,7 +170,9 @@ def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_s
 
 
 def test_more_samples_lower_the_variance():
-    dist = samplers.normal_tanh(jnp.tile(jnp.array([0.7, _raw_std(1.3)]), (4_000, 1)))
+    dist = samplers.normal_tanh(
+        jnp.tile(jnp.array([0.7, softplus_inverse(1.3 - 1e-3)]), (4_000, 1))
+    )
     spread = [
         float(jnp.std(dist.entropy_estimate(seed=jax.random.key(6), num_samples=k)))
         for k in (1, 16)
@@ -190,10 +206,10 @@ def test_quadrature_is_differentiable_and_deterministic():
 
 def test_base_entropy_ignores_the_squashing_and_overstates_it():
     mean, std = 0.7, 1.3
-    dist = samplers.normal_tanh(jnp.array([mean, _raw_std(std)]))
+    dist = samplers.normal_tanh(jnp.array([mean, softplus_inverse(std - 1e-3)]))
     base = float(dist.distribution.entropy())
-    assert base == pytest.approx(0.5 + 0.5 * np.log(2 * np.pi) + np.log(std), rel=1e-5)
-    assert base > reference.tanh_normal_entropy_float64(mean, std)
+    assert base == pytest.approx(reference.normal_entropy_float64(std), rel=1e-5)
+    assert base > reference.squashed_normal_entropy_float64(mean, std)
 
 
 # The one-sample path for Tanh and the several-sample one for bounds by default; the
@@ -588,7 +604,7 @@ def test_the_softplus_std_is_floored_at_the_smallest_normal_float(min_std, std_s
         ).scale
 
     raw = np.asarray(raw_std, np.float64)
-    unfloored = (np.logaddexp(0.0, raw) + min_std) * std_scale
+    unfloored = reference.softplus_std_float64(raw, min_std, std_scale)
     np.testing.assert_allclose(jax.jit(scale)(mean_and_std), np.maximum(unfloored, tiny), rtol=1e-6)
     assert np.all(jax.jit(scale)(mean_and_std) >= tiny)
     slope = np.where(unfloored >= tiny, std_scale / (1.0 + np.exp(-raw)), 0.0)
@@ -680,7 +696,7 @@ ENTROPY_CASES = [
 )
 def test_entropy_is_the_float64_entropy_where_quadrature_is_biased(mean, std):
     # The float64 reference integrates -log p over a dense grid: about 1e-9 accurate.
-    exact = reference.tanh_normal_entropy_float64(mean, std)
+    exact = reference.squashed_normal_entropy_float64(mean, std)
     with jax.enable_x64(True):
         dist = samplers.SquashedNormal(jnp.array([mean]), jnp.array([std]), samplers.Tanh())
         assert float(dist.entropy()) == pytest.approx(exact, abs=1e-8)
@@ -721,7 +737,7 @@ def test_entropy_of_a_large_batch_is_each_row_alone(shape):
         b = np.reshape(b, a.shape)
         np.testing.assert_allclose(a, b, rtol=4 * eps, atol=4 * eps, err_msg=name)
     for row, (mean, std) in enumerate(cases):
-        exact = shape[-1] * reference.tanh_normal_entropy_float64(mean, std)
+        exact = shape[-1] * reference.squashed_normal_entropy_float64(mean, std)
         value = float(got[0][(row,) * (len(shape) - 1)])
         assert value == pytest.approx(exact, abs=1e-5 * (1 + abs(exact)))
 
@@ -854,6 +870,15 @@ def test_entropy_in_a_ppo_loss_written_against_distrax():
     assert np.any(entropy_grad != 0)
 
 
+def test_entropy_is_refused_for_a_bijector_without_an_exact_form():
+    dist = samplers.SquashedNormal(jnp.zeros((3, 2)), jnp.ones((3, 2)), distrax.Lambda(jnp.sinh))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"no exact form for Lambda; use dist.entropy_estimate\(seed=key.*entropy_quadrature",
+    ):
+        dist.entropy()
+
+
 # Vector bounds by default; Tanh and Sigmoid, squashings of the same family, slow.
 @pytest.mark.parametrize(
     "bijector",
@@ -927,3 +952,209 @@ def test_sample_pre_image_refuses_keys_that_are_not_one_per_batch_element():
         dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 3))
     per_element = dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 4))
     assert per_element.shape == (4, 3)
+
+
+# log_prob_from_pre_image and the entropy estimate over the whole parameter range, against
+# float64, in 1-D, for the four squashings the guarantees name (tanh, BoundedTanh onto
+# ONE_D_BOUNDS, samplers.Sigmoid() and the identity): parameters drawn by hypothesis
+# (means and raw stds in [-1e3, 1e3], min_std in [0, 1], std_scale in [1e-30, 10]), then
+# pinned saturated pre-images.
+
+ONE_D_BOUNDS = (np.array([-2.0], np.float32), np.array([3.0], np.float32))
+
+HALF_LOG_2PI = 0.5 * np.log(2 * np.pi)
+
+
+def _kinds(*default):
+    """The samplers as ``parametrize`` cases, those not named in ``default`` slow: the
+    squashings share one code path, so the 1-D properties run two of them by default."""
+    return [pytest.param(k, id=k, marks=[] if k in default else [SLOW]) for k in SQUASHING_KINDS]
+
+
+# The number of examples comes from the hypothesis profile (tests/conftest.py).
+PROPERTY = settings(deadline=None)
+
+
+def _log_abs_derivative_float64(kind, x):
+    """``log |f'(x)|`` of the 1-D squashing ``kind`` (bounds ``ONE_D_BOUNDS``), with at
+    least one dimension, from the float64 references."""
+    x = np.atleast_1d(np.asarray(x, np.float64))
+    if kind == "tanh":
+        return reference.tanh_log_derivative_float64(x)
+    if kind == "bounded":
+        return reference.tanh_log_derivative_float64(x, *ONE_D_BOUNDS)
+    if kind == "sigmoid":
+        return reference.sigmoid_log_derivative_float64(x)
+    return np.zeros_like(x)
+
+
+def _float32_tolerance(x, mean, std, log_abs_derivative):
+    """16 float32 ulps of the largest term of ``log N(x) - log|f'(x)|``, as the guarantees say.
+
+    The terms are ``z**2 / 2``, ``log(std)``, ``log(2 pi) / 2`` and ``log|f'(x)|``;
+    the ulp is ``np.spacing`` of the largest magnitude in float32. Rounding of the
+    std, the standardisation and the sum each cost a few ulps of the terms, not of
+    the (possibly cancelling) result.
+    """
+    z = (x - mean) / std
+    terms = np.broadcast_arrays(0.5 * z**2, np.log(std), HALF_LOG_2PI, log_abs_derivative)
+    largest = np.max(np.abs(np.stack(terms)), axis=0)
+    return 16 * np.spacing(largest.astype(np.float32)).astype(np.float64)
+
+
+def _one_d_distribution(kind, mean, raw_std, n, min_std, std_scale):
+    """``n`` copies of a 1-D distribution, from the pure layer's public constructors."""
+    params = jnp.broadcast_to(jnp.array([mean, raw_std], jnp.float32), (n, 2))
+    if kind == "tanh":
+        return samplers.normal_tanh(params, min_std=min_std, std_scale=std_scale)
+    return samplers.squashed_normal(
+        params, squashing(kind, ONE_D_BOUNDS), min_std=min_std, std_scale=std_scale
+    )
+
+
+# Guarantees, "In 1-D the density integrates to 1 over the range".
+@pytest.mark.parametrize("kind", _kinds("bounded", "sigmoid"))
+@PROPERTY
+@given(data=st.data())
+def test_squashed_density_integrates_to_one(kind, data):
+    """``int p(y) dy = int p(f(x)) |f'(x)| dx = 1`` over the range, by float64 quadrature.
+
+    ``p(f(x))`` is the library's ``log_prob_from_pre_image``; ``|f'(x)|`` is float64.
+    The std floor of 2**-10 lets float32 pre-images resolve the density (nodes at
+    most std / 2 apart, where the trapezoid rule is exact to ~1e-17 for a Gaussian).
+    """
+    mean_and_std, min_std, std_scale = data.draw(
+        squashed_normal_parameters((), std_floor=2.0**-10, action_dim=1)
+    )
+    (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+    std = float(reference.softplus_std_float64(raw_std, min_std, std_scale))
+    # A fixed count of float32 nodes (one compilation); rounding may repeat some.
+    nodes = (mean + std * np.linspace(-12.0, 12.0, 2001)).astype(np.float32)
+    dist = _one_d_distribution(kind, mean, raw_std, nodes.size, min_std, std_scale)
+    log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(nodes)[:, None]), np.float64)
+    nodes, first = np.unique(nodes, return_index=True)
+    log_prob = log_prob[first]
+    x = nodes.astype(np.float64)
+    assert np.all(np.diff(x) <= std / 2)
+    log_abs_derivative = _log_abs_derivative_float64(kind, x)
+    density = np.exp(log_prob + log_abs_derivative)
+    tolerance = 1e-6 + np.trapezoid(
+        density * _float32_tolerance(x, mean, std, log_abs_derivative), x
+    )
+    assert abs(np.trapezoid(density, x) - 1.0) <= tolerance
+
+
+SATURATED_PRE_IMAGES = [10.0, -10.0, 20.0, -20.0, 50.0, -50.0, 1e3, -1e3]
+
+
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# term ... at +-10, +-20, +-50, +-1e3".
+# (offset of the mean from the pre-image, raw std): at the mean, near it, 3 off.
+SATURATED_OFFSETS = [(0.0, 0.0), (-0.5, 0.3), (3.0, -2.0)]
+
+
+@pytest.mark.parametrize("kind", SQUASHING_KINDS)
+def test_log_prob_of_saturated_pre_images_matches_float64(kind):
+    # Every (pre-image, offset) pair is one batch element of one distribution.
+    cases = [(x, *o) for x in SATURATED_PRE_IMAGES for o in SATURATED_OFFSETS]
+    pre_image, offset, raw_std = np.array(cases, np.float32).T
+    mean = pre_image + offset
+    params = jnp.stack([mean, raw_std], axis=-1)
+    if kind == "tanh":
+        dist = samplers.normal_tanh(params, min_std=1e-3, std_scale=1.0)
+    else:
+        dist = samplers.squashed_normal(params, squashing(kind, ONE_D_BOUNDS), min_std=1e-3)
+    log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(pre_image)[:, None]))
+    std = reference.softplus_std_float64(raw_std, 1e-3, 1.0)
+    x = pre_image.astype(np.float64)
+    log_abs_derivative = _log_abs_derivative_float64(kind, x)
+    expected = (
+        reference.normal_log_prob_float64(x, mean.astype(np.float64), std) - log_abs_derivative
+    )
+    tolerance = _float32_tolerance(x, mean.astype(np.float64), std, log_abs_derivative)
+    assert np.all(np.isfinite(log_prob))
+    bad = np.abs(log_prob - expected) > tolerance
+    assert not np.any(bad), list(
+        zip(np.array(cases)[bad], log_prob[bad], expected[bad], strict=True)
+    )
+
+
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# term, for pre-images anywhere in [-1e3, 1e3]".
+@pytest.mark.parametrize("kind", _kinds("tanh", "identity"))
+@PROPERTY
+@given(data=st.data())
+def test_log_prob_from_pre_image_matches_float64_change_of_variables(kind, data):
+    """Arbitrary pre-images in [-1e3, 1e3] under arbitrary parameters.
+
+    The std floor of 2**-40 keeps ``z**2`` of the farthest pre-image inside the
+    float32 range; below it the true log-density is below -FLT_MAX.
+    """
+    mean_and_std, min_std, std_scale = data.draw(
+        squashed_normal_parameters((), std_floor=2.0**-40, action_dim=1)
+    )
+    pre_images = data.draw(
+        hnp.arrays(np.float32, (16,), elements=st.floats(-LIMIT, LIMIT, width=32))
+    )
+    (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+    dist = _one_d_distribution(kind, mean, raw_std, pre_images.size, min_std, std_scale)
+    log_prob = np.asarray(
+        dist.log_prob_from_pre_image(jnp.asarray(pre_images)[:, None]), np.float64
+    )
+    x = pre_images.astype(np.float64)
+    std = reference.softplus_std_float64(raw_std, min_std, std_scale)
+    log_abs_derivative = _log_abs_derivative_float64(kind, x)
+    expected = reference.normal_log_prob_float64(x, mean, std) - log_abs_derivative
+    tolerance = _float32_tolerance(x, mean, std, log_abs_derivative)
+    assert np.all(np.isfinite(log_prob))
+    assert np.all(np.abs(log_prob - expected) <= tolerance), (log_prob, expected, tolerance)
+
+
+ENTROPY_CASES = [
+    ("tanh", 0.7, 1.3),
+    ("tanh", 5.0, 3.0),
+    ("tanh", -20.0, 0.01),
+    ("tanh", 0.0, 100.0),
+    ("bounded", 0.3, 0.8),
+    ("bounded", 8.0, 2.0),
+    ("sigmoid", 0.5, 1.0),
+    ("sigmoid", -30.0, 5.0),
+    ("identity", 1.0, 2.0),
+]
+
+
+# Guarantees, "The sample entropy estimators' means are within three standard
+# errors".
+# The first case of the bounded and the identity samplers by default; the others slow.
+@pytest.mark.parametrize(
+    "kind, mean, std",
+    [
+        pytest.param(
+            k,
+            m,
+            s,
+            id=f"{k}-{m}-{s}",
+            marks=[] if (k, m, s) in (("bounded", 0.3, 0.8), ("identity", 1.0, 2.0)) else [SLOW],
+        )
+        for k, m, s in ENTROPY_CASES
+    ],
+)
+def test_entropy_estimate_is_unbiased_against_float64_quadrature(kind, mean, std):
+    """The mean of 20 000 one-sample estimates (one key each) within 3 standard errors.
+
+    The exact entropy is ``-int N(x) log p(f(x)) dx`` by float64 quadrature over the
+    pre-image. The identity's estimate has no variance, so a float32 allowance of
+    1e-6 relative is added to the three standard errors.
+    """
+    raw_std = softplus_inverse(std - 1e-3)
+    exact = reference.squashed_normal_entropy_float64(
+        mean, std, lambda x: _log_abs_derivative_float64(kind, x)
+    )
+
+    dist = _one_d_distribution(kind, mean, raw_std, 1, 1e-3, 1.0)
+    keys = jax.random.split(jax.random.key(0), 20_000)
+    estimates = jax.vmap(lambda key: dist.entropy_estimate(seed=key)[0])(keys)
+    estimates = np.asarray(estimates, np.float64)
+    assert np.all(np.isfinite(estimates))
+    standard_error = estimates.std() / np.sqrt(estimates.size)
+    assert abs(estimates.mean() - exact) <= 3 * standard_error + 1e-6 * (1 + abs(exact))
