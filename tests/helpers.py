@@ -1,5 +1,6 @@
-"""What the test files share: network outputs, key counts, one traced call of a head, and
-the hypothesis strategy of a squashed Normal's parameters over the guarantees' ranges.
+"""What the test files share: network outputs, key counts, a head's outputs by name, one
+traced call of a head, the squashings and their cases, and the hypothesis strategy of a
+squashed Normal's parameters over the guarantees' ranges.
 
 Written once here and imported; a helper that makes something particular to one
 file stays in that file, under a name that says what it makes.
@@ -43,16 +44,19 @@ NORMAL_HEAD_FIELDS = (
 )
 
 
-def normal_head_outputs(out):
-    """The ``NORMAL_HEAD_FIELDS`` of a squashed-Normal head's output, by name."""
+def head_outputs(out):
+    """A head's action, log-likelihood, rollout extras and regularization loss, by name."""
     return {
         "action": out.output["action"],
         "log_likelihood": out.output["log_likelihood"],
         "rollout_extras": out.rollout_extras,
         "regularization_loss": out.regularization_loss,
-        "mu": out.metrics["mu"],
-        "sigma": out.metrics["sigma"],
     }
+
+
+def normal_head_outputs(out):
+    """The ``NORMAL_HEAD_FIELDS`` of a squashed-Normal head's output, by name."""
+    return {**head_outputs(out), "mu": out.metrics["mu"], "sigma": out.metrics["sigma"]}
 
 
 def clones_of(make):

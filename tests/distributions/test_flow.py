@@ -245,9 +245,10 @@ def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
             return distrax.Transformed(base, distrax.Chain(chain)).log_prob(action).sum()
 
         args = [jnp.asarray(a) for a in (loc, scale, weights[0][0], features)]
-        np.testing.assert_allclose(ours(*args), theirs(*args), rtol=1e-9)
-        got = jax.grad(ours, argnums=(0, 1, 2, 3))(*args)
-        want = jax.grad(theirs, argnums=(0, 1, 2, 3))(*args)
+        # Each score and its gradients compiled as one program, as a loss pass is.
+        value, got = jax.jit(jax.value_and_grad(ours, argnums=(0, 1, 2, 3)))(*args)
+        expected, want = jax.jit(jax.value_and_grad(theirs, argnums=(0, 1, 2, 3)))(*args)
+        np.testing.assert_allclose(value, expected, rtol=1e-9)
         for name, g, w in zip(("loc", "scale", "weights", "features"), got, want, strict=True):
             assert np.max(np.abs(w)) > 1e-3, name  # each moves the score
             np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)

@@ -49,7 +49,7 @@ def test_normal_tanh_is_a_distrax_transformed_with_event_rank_one(batch_shape):
 
 @pytest.mark.parametrize("min_std, std_scale", [(1e-3, 1.0), (0.0, 1.0), (0.1, 2.5)])
 def test_std_is_softplus_plus_min_std_times_scale(min_std, std_scale):
-    mean_and_std = _inputs((5,), scale=3.0)
+    mean_and_std = _inputs((4,), scale=3.0)
     dist = samplers.normal_tanh(mean_and_std, min_std=min_std, std_scale=std_scale)
     mean, std = reference.params_float64(mean_and_std, min_std=min_std, std_scale=std_scale)
     np.testing.assert_allclose(dist.loc, mean, rtol=1e-6)
@@ -97,6 +97,12 @@ def test_log_det_matches_autodiff_of_the_forward_map():
     )
 
 
+# log_prob_from_pre_image and its gradient, one program for the cases below.
+_score_value_and_grad = jax.jit(
+    jax.value_and_grad(lambda p, x: samplers.normal_tanh(p).log_prob_from_pre_image(x))
+)
+
+
 @pytest.mark.parametrize("z", [10.0, -10.0, 20.0, -20.0, 50.0, -50.0])
 def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
     mean_and_std = jnp.array([z - 0.5, 0.3])
@@ -109,10 +115,7 @@ def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
     )
     assert jnp.isnan(plain.log_prob(action))  # distrax inverts: atanh(1) = inf
 
-    def loss(p):
-        return samplers.normal_tanh(p).log_prob_from_pre_image(pre_image)
-
-    value, grad = jax.value_and_grad(loss)(mean_and_std)
+    value, grad = _score_value_and_grad(mean_and_std, pre_image)
     mean, std = reference.params_float64(mean_and_std)
     expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
@@ -198,7 +201,9 @@ def test_quadrature_is_biased_for_wide_stds_as_documented():
 
 def test_quadrature_is_differentiable_and_deterministic():
     mean_and_std = _inputs((4,))
-    grad = jax.grad(lambda p: samplers.normal_tanh(p).entropy_quadrature().sum())(mean_and_std)
+    grad = jax.jit(jax.grad(lambda p: samplers.normal_tanh(p).entropy_quadrature().sum()))(
+        mean_and_std
+    )
     assert jnp.all(jnp.isfinite(grad)) and jnp.all(grad != 0)
     dist = samplers.normal_tanh(mean_and_std)
     np.testing.assert_array_equal(dist.entropy_quadrature(), dist.entropy_quadrature())
@@ -251,8 +256,8 @@ def test_saved_derivatives_equal_autodiff_of_the_plain_formula(bijector, num_sam
         return jnp.sum(weights * (log_prob + entropy))
 
     for ours_grad, plain_grad in zip(
-        jax.grad(ours, argnums=(0, 1))(mean_and_std, pre_image),
-        jax.grad(plain, argnums=(0, 1))(mean_and_std, pre_image),
+        jax.jit(jax.grad(ours, argnums=(0, 1)))(mean_and_std, pre_image),
+        jax.jit(jax.grad(plain, argnums=(0, 1)))(mean_and_std, pre_image),
         strict=True,
     ):
         np.testing.assert_allclose(ours_grad, plain_grad, rtol=1e-4, atol=1e-5)
@@ -301,8 +306,8 @@ def test_bad_estimator_sizes_are_refused(call, error, message):
 
 def test_entropy_gradient_reaches_mean_and_std():
     mean_and_std = _inputs((4,))
-    grad = jax.grad(
-        lambda p: samplers.normal_tanh(p).entropy_estimate(seed=jax.random.key(0)).sum()
+    grad = jax.jit(
+        jax.grad(lambda p: samplers.normal_tanh(p).entropy_estimate(seed=jax.random.key(0)).sum())
     )(mean_and_std)
     assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
 
@@ -318,7 +323,7 @@ def test_entropy_gradient_reaches_mean_and_std():
     ],
 )
 def test_other_bijectors_match_distrax_log_prob(bijector):
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     dist = samplers.squashed_normal(mean_and_std, bijector)
     action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(6))
     reference_dist = distrax.Transformed(
@@ -328,7 +333,7 @@ def test_other_bijectors_match_distrax_log_prob(bijector):
 
 
 def test_a_tfp_bijector_is_accepted():
-    dist = samplers.squashed_normal(_inputs((2,)), tfb.Tanh())
+    dist = samplers.squashed_normal(_inputs((4,)), tfb.Tanh())
     action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
     np.testing.assert_allclose(log_prob, dist.log_prob(action), rtol=1e-4, atol=1e-4)
 
@@ -338,13 +343,13 @@ def test_bounds_can_be_built_inside_a_jitted_function():
         dist = samplers.squashed_normal(mean_and_std, samplers.BoundedTanh(low, low + 4.0))
         return dist.sample_with_pre_image(seed=jax.random.key(0))
 
-    action, _, log_prob_value = jax.jit(log_prob)(_inputs((5,)), jnp.full(A, -2.0))
+    action, _, log_prob_value = jax.jit(log_prob)(_inputs((4,)), jnp.full(A, -2.0))
     assert jnp.all(jnp.abs(action) <= 2.0) and jnp.all(jnp.isfinite(log_prob_value))
 
 
 def test_distribution_passes_through_jit():
-    dist = jax.jit(samplers.normal_tanh)(_inputs((5,)))
-    assert isinstance(dist, samplers.SquashedNormal) and dist.loc.shape == (5, A)
+    dist = jax.jit(samplers.normal_tanh)(_inputs((4,)))
+    assert isinstance(dist, samplers.SquashedNormal) and dist.loc.shape == (4, A)
 
 
 @pytest.mark.parametrize("shape", [(5,), (4, 7), ()], ids=["odd", "odd-batched", "scalar"])
@@ -453,7 +458,7 @@ def test_a_distrax_chain_replays_from_the_pre_image():
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 def test_low_precision_parameters_compute_in_float32(dtype):
-    params = _inputs((5,)).astype(dtype)
+    params = _inputs((4,)).astype(dtype)
     dist = samplers.normal_tanh(params)
     action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(11))
     assert dist.loc.dtype == action.dtype == log_prob.dtype == jnp.float32
@@ -936,7 +941,7 @@ def test_an_integer_seed_works_as_in_distrax_and_an_integer_pre_image_is_refused
 
 
 def test_quadrature_beyond_its_node_limit_is_refused_with_the_exact_entropy_named():
-    dist = samplers.normal_tanh(_inputs((2,)))
+    dist = samplers.normal_tanh(_inputs((4,)))
     assert np.all(np.isfinite(dist.entropy_quadrature(256)))
     with pytest.raises(ValueError, match=r"num_points must be at most 256, got 400.*entropy\(\)"):
         dist.entropy_quadrature(400)
@@ -965,14 +970,18 @@ ONE_D_BOUNDS = (np.array([-2.0], np.float32), np.array([3.0], np.float32))
 HALF_LOG_2PI = 0.5 * np.log(2 * np.pi)
 
 
-def _kinds(*default):
-    """The samplers as ``parametrize`` cases, those not named in ``default`` slow: the
-    squashings share one code path, so the 1-D properties run two of them by default."""
-    return [pytest.param(k, id=k, marks=[] if k in default else [SLOW]) for k in SQUASHING_KINDS]
+def _property_cases(*default):
+    """``(kind, share)`` cases of a property: each example compiles afresh (the options
+    are static), so the default tier draws a fifth of the profile's examples
+    (tests/conftest.py) for two squashings (they share one code path); the slow tier all
+    of them, for every squashing."""
+    fifth = [pytest.param(k, 5, id=f"{k}-a-fifth") for k in default]
+    return [*fifth, *(slow(k, 1, id=k) for k in SQUASHING_KINDS)]
 
 
-# The number of examples comes from the hypothesis profile (tests/conftest.py).
-PROPERTY = settings(deadline=None)
+def _examples(share):
+    """The property's settings: ``1 / share`` of the profile's examples, at least 2."""
+    return settings(max_examples=max(2, settings.default.max_examples // share), deadline=None)
 
 
 def _log_abs_derivative_float64(kind, x):
@@ -1013,35 +1022,39 @@ def _one_d_distribution(kind, mean, raw_std, n, min_std, std_scale):
 
 
 # Guarantees, "In 1-D the density integrates to 1 over the range".
-@pytest.mark.parametrize("kind", _kinds("bounded", "sigmoid"))
-@PROPERTY
-@given(data=st.data())
-def test_squashed_density_integrates_to_one(kind, data):
+@pytest.mark.parametrize("kind, share", _property_cases("bounded", "sigmoid"))
+def test_squashed_density_integrates_to_one(kind, share):
     """``int p(y) dy = int p(f(x)) |f'(x)| dx = 1`` over the range, by float64 quadrature.
 
     ``p(f(x))`` is the library's ``log_prob_from_pre_image``; ``|f'(x)|`` is float64.
     The std floor of 2**-10 lets float32 pre-images resolve the density (nodes at
     most std / 2 apart, where the trapezoid rule is exact to ~1e-17 for a Gaussian).
     """
-    mean_and_std, min_std, std_scale = data.draw(
-        squashed_normal_parameters((), std_floor=2.0**-10, action_dim=1)
-    )
-    (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
-    std = float(reference.softplus_std_float64(raw_std, min_std, std_scale))
-    # A fixed count of float32 nodes (one compilation); rounding may repeat some.
-    nodes = (mean + std * np.linspace(-12.0, 12.0, 2001)).astype(np.float32)
-    dist = _one_d_distribution(kind, mean, raw_std, nodes.size, min_std, std_scale)
-    log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(nodes)[:, None]), np.float64)
-    nodes, first = np.unique(nodes, return_index=True)
-    log_prob = log_prob[first]
-    x = nodes.astype(np.float64)
-    assert np.all(np.diff(x) <= std / 2)
-    log_abs_derivative = _log_abs_derivative_float64(kind, x)
-    density = np.exp(log_prob + log_abs_derivative)
-    tolerance = 1e-6 + np.trapezoid(
-        density * _float32_tolerance(x, mean, std, log_abs_derivative), x
-    )
-    assert abs(np.trapezoid(density, x) - 1.0) <= tolerance
+
+    @_examples(share)
+    @given(data=st.data())
+    def check(data):
+        mean_and_std, min_std, std_scale = data.draw(
+            squashed_normal_parameters((), std_floor=2.0**-10, action_dim=1)
+        )
+        (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+        std = float(reference.softplus_std_float64(raw_std, min_std, std_scale))
+        # A fixed count of float32 nodes (one compilation); rounding may repeat some.
+        nodes = (mean + std * np.linspace(-12.0, 12.0, 2001)).astype(np.float32)
+        dist = _one_d_distribution(kind, mean, raw_std, nodes.size, min_std, std_scale)
+        log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(nodes)[:, None]), np.float64)
+        nodes, first = np.unique(nodes, return_index=True)
+        log_prob = log_prob[first]
+        x = nodes.astype(np.float64)
+        assert np.all(np.diff(x) <= std / 2)
+        log_abs_derivative = _log_abs_derivative_float64(kind, x)
+        density = np.exp(log_prob + log_abs_derivative)
+        tolerance = 1e-6 + np.trapezoid(
+            density * _float32_tolerance(x, mean, std, log_abs_derivative), x
+        )
+        assert abs(np.trapezoid(density, x) - 1.0) <= tolerance
+
+    check()
 
 
 SATURATED_PRE_IMAGES = [10.0, -10.0, 20.0, -20.0, 50.0, -50.0, 1e3, -1e3]
@@ -1081,33 +1094,37 @@ def test_log_prob_of_saturated_pre_images_matches_float64(kind):
 
 # Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
 # term, for pre-images anywhere in [-1e3, 1e3]".
-@pytest.mark.parametrize("kind", _kinds("tanh", "identity"))
-@PROPERTY
-@given(data=st.data())
-def test_log_prob_from_pre_image_matches_float64_change_of_variables(kind, data):
+@pytest.mark.parametrize("kind, share", _property_cases("tanh", "identity"))
+def test_log_prob_from_pre_image_matches_float64_change_of_variables(kind, share):
     """Arbitrary pre-images in [-1e3, 1e3] under arbitrary parameters.
 
     The std floor of 2**-40 keeps ``z**2`` of the farthest pre-image inside the
     float32 range; below it the true log-density is below -FLT_MAX.
     """
-    mean_and_std, min_std, std_scale = data.draw(
-        squashed_normal_parameters((), std_floor=2.0**-40, action_dim=1)
-    )
-    pre_images = data.draw(
-        hnp.arrays(np.float32, (16,), elements=st.floats(-LIMIT, LIMIT, width=32))
-    )
-    (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
-    dist = _one_d_distribution(kind, mean, raw_std, pre_images.size, min_std, std_scale)
-    log_prob = np.asarray(
-        dist.log_prob_from_pre_image(jnp.asarray(pre_images)[:, None]), np.float64
-    )
-    x = pre_images.astype(np.float64)
-    std = reference.softplus_std_float64(raw_std, min_std, std_scale)
-    log_abs_derivative = _log_abs_derivative_float64(kind, x)
-    expected = reference.normal_log_prob_float64(x, mean, std) - log_abs_derivative
-    tolerance = _float32_tolerance(x, mean, std, log_abs_derivative)
-    assert np.all(np.isfinite(log_prob))
-    assert np.all(np.abs(log_prob - expected) <= tolerance), (log_prob, expected, tolerance)
+
+    @_examples(share)
+    @given(data=st.data())
+    def check(data):
+        mean_and_std, min_std, std_scale = data.draw(
+            squashed_normal_parameters((), std_floor=2.0**-40, action_dim=1)
+        )
+        pre_images = data.draw(
+            hnp.arrays(np.float32, (16,), elements=st.floats(-LIMIT, LIMIT, width=32))
+        )
+        (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+        dist = _one_d_distribution(kind, mean, raw_std, pre_images.size, min_std, std_scale)
+        log_prob = np.asarray(
+            dist.log_prob_from_pre_image(jnp.asarray(pre_images)[:, None]), np.float64
+        )
+        x = pre_images.astype(np.float64)
+        std = reference.softplus_std_float64(raw_std, min_std, std_scale)
+        log_abs_derivative = _log_abs_derivative_float64(kind, x)
+        expected = reference.normal_log_prob_float64(x, mean, std) - log_abs_derivative
+        tolerance = _float32_tolerance(x, mean, std, log_abs_derivative)
+        assert np.all(np.isfinite(log_prob))
+        assert np.all(np.abs(log_prob - expected) <= tolerance), (log_prob, expected, tolerance)
+
+    check()
 
 
 ENTROPY_CASES = [

@@ -245,7 +245,7 @@ def test_rollout_and_replay_advance_the_stream_alike(deterministic):
 def test_state_interface():
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     assert head.initialize_state(8) == () and head.reset_state(()) == ()
-    assert head((), _inputs((2,))).next_state == ()
+    assert head((), _inputs((4,))).next_state == ()
 
 
 def _per_env(**options):

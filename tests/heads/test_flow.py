@@ -201,12 +201,13 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
         x64 = jnp.asarray(x, jnp.float64)
         weights = nnx.state(fresh, nnx.Param)
         nnx.update(fresh, jax.tree.map(lambda w: jnp.asarray(w, jnp.float64), weights))
-        value, got = nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1))(
+        # Each loss and its gradients compiled as one program, as a training step is.
+        value, got = nnx.jit(nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1)))(
             nnx.clone(fresh), x64
         )
-        expected, want = nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))(
-            fresh, x64
-        )
+        expected, want = nnx.jit(
+            nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))
+        )(fresh, x64)
     np.testing.assert_allclose(value, expected, rtol=1e-8)
     assert np.max(np.abs(np.asarray(want[1]))) > 1e-2
     np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-10)

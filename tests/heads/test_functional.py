@@ -36,10 +36,10 @@ def test_functional_matches_the_module_call_after_call():
 def test_functional_state_writes_back_and_reads_deterministic_when_made():
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     apply, state = samplers.functional(head)
-    _, state = apply(state, _inputs((2,)))
+    _, state = apply(state, _inputs((4,)))
     nnx.update(head, state)
     assert keys_drawn(head) == 2
     head.eval()
     apply_eval, state = samplers.functional(head)
-    out, _ = apply_eval(state, _inputs((2,)))
-    np.testing.assert_array_equal(out.output["action"], jnp.tanh(_inputs((2,))[..., :A]))
+    out, _ = apply_eval(state, _inputs((4,)))
+    np.testing.assert_array_equal(out.output["action"], jnp.tanh(_inputs((4,))[..., :A]))

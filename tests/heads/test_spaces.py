@@ -16,6 +16,7 @@ from scipy import special, stats
 import samplers
 from samplers.heads.composite import CompositeSampler
 from tests._tiers import SLOW, slow
+from tests.helpers import jitted_call
 from tests.reference import softplus_std_float64, tanh_normal_log_prob_float64
 
 BATCH = 256
@@ -325,12 +326,13 @@ def test_dict_and_tuple_spaces_get_composites_whose_actions_the_space_contains(
         if type(part) is samplers.SquashedNormalSampler:
             bounded = type(part.bijector) is not distrax.Lambda
             assert part.entropy == (("exact", 0) if bounded else ("base", 0))
-    out = head((), _numpy_params(head))
+    # One program for the nested composite's call, shared by its replay.
+    out = jitted_call(head, (), _numpy_params(head))
     action = out.output["action"]
     assert type(action) is dict if type(space).__name__ == "Dict" else type(action) is tuple
     assert all(space.contains(_element(action, i)) for i in range(BATCH))
     assert np.all(np.isfinite(out.output["log_likelihood"]))
-    again = head((), _numpy_params(head), out.rollout_extras)
+    again = jitted_call(head, (), _numpy_params(head), out.rollout_extras)
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
     if not options:  # the exact entropies, summed: finite, and the parts' sum
         total = sum(

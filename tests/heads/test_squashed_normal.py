@@ -128,9 +128,17 @@ def test_gradients_reach_mean_and_std_but_never_the_stored_action():
         out = head((), params, pre_image)
         return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
 
-    grad_params, grad_stored = nnx.grad(loss, argnums=(1, 2))(head, mean_and_std, stored)
+    grad_params, grad_stored = nnx.jit(nnx.grad(loss, argnums=(1, 2)))(head, mean_and_std, stored)
     assert jnp.all(grad_params != 0) and jnp.all(jnp.isfinite(grad_params))
     np.testing.assert_array_equal(grad_stored, 0.0)
+
+
+def _replayed_log_likelihood(head, params, stored):
+    return head((), params, stored).output["log_likelihood"]
+
+
+# One program for the cases below (the same head configuration and shapes).
+_replay_value_and_grad = nnx.jit(nnx.value_and_grad(_replayed_log_likelihood, argnums=1))
 
 
 @pytest.mark.parametrize("z", [10.0, -20.0, 50.0])
@@ -139,11 +147,7 @@ def test_saturated_replay_is_finite_with_finite_gradients(z):
     mean_and_std = jnp.array([z, z, -1.0, -1.0])
     stored = head((), mean_and_std).rollout_extras
     assert jnp.all(jnp.abs(jnp.tanh(stored)) == 1.0)
-
-    def loss(head, params):
-        return head((), params, stored).output["log_likelihood"]
-
-    value, grad = nnx.value_and_grad(loss, argnums=1)(head, mean_and_std)
+    value, grad = _replay_value_and_grad(head, mean_and_std, stored)
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
 
 
@@ -234,7 +238,7 @@ def test_generic_sampler_with_bounds_keeps_actions_inside_and_replays():
 )
 def test_generic_sampler_scores_with_its_distribution(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.01, bijector=bijector)
-    mean_and_std = _inputs((5,))
+    mean_and_std = _inputs((4,))
     out = head((), mean_and_std)
     dist = head.distribution(mean_and_std)
     np.testing.assert_allclose(
@@ -385,7 +389,7 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
     choice = entropy if points is None else (entropy, points)
     head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=choice)
     default = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1)
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     rollout = head((), mean_and_std)
     reference_rollout = default((), mean_and_std)
     np.testing.assert_array_equal(rollout.rollout_extras, reference_rollout.rollout_extras)
@@ -402,7 +406,7 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
 
 
 def test_deterministic_estimators_do_not_depend_on_the_key():
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     losses = [
         samplers.NormalTanhSampler(nnx.Rngs(seed), 0.1, entropy="quadrature")(
             (), mean_and_std
@@ -434,7 +438,7 @@ def test_bounds_are_configuration_not_state():
     )
     assert set(nnx.to_pure_dict(nnx.state(head))) == {"rng"}
     state = nnx.to_pure_dict(nnx.state(head))  # a snapshot: arrays, not the live variables
-    head((), _inputs((3,))[..., :4])
+    head((), _inputs((4,))[..., :4])
     nnx.update(head, state)  # writes the stream back; nothing else to write
     assert keys_drawn(head) == 0
     assert isinstance(nnx.clone(head).bijector, samplers.BoundedTanh)
@@ -442,9 +446,9 @@ def test_bounds_are_configuration_not_state():
 
 def test_state_independent_std_is_a_learned_parameter():
     head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, initial_std=0.7)
-    mean = _inputs((5,))[..., :A]
+    mean = _inputs((4,))[..., :A]
     rollout = head((), mean)
-    np.testing.assert_allclose(rollout.metrics["sigma"], jnp.full((5, A), 0.7), rtol=1e-6)
+    np.testing.assert_allclose(rollout.metrics["sigma"], jnp.full((4, A), 0.7), rtol=1e-6)
     expected = reference.tanh_normal_log_prob_float64(rollout.rollout_extras, mean, 0.7)
     np.testing.assert_allclose(rollout.output["log_likelihood"], expected, rtol=1e-5)
     replay = head((), mean, rollout.rollout_extras)
@@ -457,7 +461,7 @@ def test_state_independent_std_is_a_learned_parameter():
         out = head((), mean, rollout.rollout_extras)
         return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
 
-    grads = nnx.grad(loss)(head)
+    grads = nnx.jit(nnx.grad(loss))(head)
     assert jnp.all(jnp.isfinite(grads["log_std"][...])) and jnp.all(grads["log_std"][...] != 0)
     assert set(nnx.state(head, nnx.Param)) == {"log_std"}
 
@@ -498,7 +502,7 @@ def test_checked_mode_names_the_first_non_finite_batch_element():
 
 def test_unchecked_non_finite_inputs_give_non_finite_outputs():
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    out = head((), _inputs((3,)).at[1, 0].set(jnp.nan))
+    out = head((), _inputs((4,)).at[1, 0].set(jnp.nan))
     assert jnp.isnan(out.output["log_likelihood"][1]) and jnp.isnan(out.output["action"][1, 0])
     assert jnp.all(jnp.isfinite(out.output["log_likelihood"][jnp.array([0, 2])]))
 
@@ -542,7 +546,7 @@ def test_bounded_squashings_report_saturation_and_distance_to_the_bounds():
     unbounded = samplers.SquashedNormalSampler(
         nnx.Rngs(0), 0.01, bijector=distrax.Lambda(lambda x: x)
     )
-    assert set(unbounded((), _inputs((2,))).metrics) == {"mu", "sigma"}
+    assert set(unbounded((), _inputs((4,))).metrics) == {"mu", "sigma"}
 
 
 def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
@@ -647,7 +651,7 @@ def test_entropy_points_is_deprecated_for_the_one_value_entropy():
     with pytest.deprecated_call(match=r"pass entropy=\('quadrature', 4\) as one value"):
         old = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="quadrature", entropy_points=4)
     new = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy=("quadrature", 4))
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     np.testing.assert_array_equal(
         old((), mean_and_std).regularization_loss, new((), mean_and_std).regularization_loss
     )
@@ -669,7 +673,7 @@ def test_entropy_points_is_deprecated_for_the_one_value_entropy():
 )
 def test_exact_entropy_cost_is_the_distributions_entropy_and_trains_it(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.1, bijector=bijector, entropy="exact")
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     out = head((), mean_and_std)
     expected = samplers.squashed_normal(mean_and_std, bijector).entropy()
     np.testing.assert_array_equal(out.regularization_loss, -0.1 * expected)
