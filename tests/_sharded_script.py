@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import samplers
+from tests.helpers import normal_head_outputs, normal_inputs
 
 DEVICES = 4
 B = 8
@@ -26,17 +27,7 @@ T = 5
 A = 3
 ENTROPY_WEIGHT = 0.01
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-def _flat(out):
-    return {
-        "action": out.output["action"],
-        "log_likelihood": out.output["log_likelihood"],
-        "rollout_extras": out.rollout_extras,
-        "regularization_loss": out.regularization_loss,
-        "mu": out.metrics["mu"],
-        "sigma": out.metrics["sigma"],
-    }
+_inputs = functools.partial(normal_inputs, (B,), 2 * A, scale=4.0, seed=5)
 
 
 def _count(sampler):
@@ -122,14 +113,16 @@ def _nnx_jit_with_named_sharding(axis_type, shape, batch_axis):
     sharded_inputs = jax.device_put(inputs, NamedSharding(mesh, P(*spec)))
     plain = samplers.NormalTanhSampler(nnx.Rngs(3), ENTROPY_WEIGHT)
     sharded = samplers.NormalTanhSampler(nnx.Rngs(3), ENTROPY_WEIGHT)
-    expected = _flat(_rollout(plain, inputs))
-    actual = _flat(_rollout(sharded, sharded_inputs))
+    expected = normal_head_outputs(_rollout(plain, inputs))
+    actual = normal_head_outputs(_rollout(sharded, sharded_inputs))
     problems = [f"rollout {p}" for p in _differences(inputs, expected, actual)]
     problems += _sharding_problems(actual, mesh, batch_axis)
 
     # The loss pass replays the unsharded rollout's pre-image on the sharded layout.
-    expected_replay = _flat(_replay(plain, inputs, expected["rollout_extras"]))
-    actual_replay = _flat(_replay(sharded, sharded_inputs, expected["rollout_extras"]))
+    expected_replay = normal_head_outputs(_replay(plain, inputs, expected["rollout_extras"]))
+    actual_replay = normal_head_outputs(
+        _replay(sharded, sharded_inputs, expected["rollout_extras"])
+    )
     problems += _sharding_problems(actual_replay, mesh, batch_axis)
     for name in ("action", "log_likelihood"):
         if not np.array_equal(expected_replay[name], actual_replay[name]):
@@ -171,10 +164,6 @@ def _in_shard_map(function, in_specs, out_specs):
 
 def _batch_sharded(array):
     return jax.device_put(array, NamedSharding(jax.make_mesh((DEVICES,), ("batch",)), P("batch")))
-
-
-def _inputs():
-    return 4.0 * jax.random.normal(jax.random.key(5), (B, 2 * A))
 
 
 def _same_blocks():
@@ -315,7 +304,7 @@ def _nnx_scan_over_time():
     def rollout(sampler, sequence):
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
         def step(sampler, x):
-            return sampler, _flat(sampler((), x))
+            return sampler, normal_head_outputs(sampler((), x))
 
         return step(sampler, sequence)[1]
 

@@ -31,7 +31,7 @@ BIJECTORS = {
 }
 
 
-def _inputs(grid=BAD):
+def _clean_and_bad(grid=BAD):
     """Clean inputs, and the same with row ``i`` given the ``i``-th bad (column, value)."""
     clean = jnp.linspace(-1.0, 1.0, BATCH * 2 * A).reshape(BATCH, 2 * A)
     bad = clean
@@ -55,7 +55,7 @@ def _assert_nan_in_bad_rows_only(bad, clean, *, action_shaped, rows=BAD_ROWS):
     "name", [slow(n) if n == "distrax.Tanh" else pytest.param(n) for n in BIJECTORS]
 )
 def test_the_pure_layer_gives_nan_for_a_non_finite_parameter(name):
-    clean_input, bad_input = _inputs()
+    clean_input, bad_input = _clean_and_bad()
     build = (
         samplers.normal_tanh
         if name == "Tanh"
@@ -97,7 +97,7 @@ def test_a_masked_out_non_finite_row_gets_a_zero_gradient_and_the_others_their_o
     # actor loss and the replay, and every other row's is the clean input's, bit for bit;
     # but for raw_std = NaN (the row after BAD's), where softplus's derivative is NaN, and
     # for log_std = +inf, where exp's is infinite.
-    clean_input, bad_input = _inputs([*BAD, (A + DIM, jnp.nan)])
+    clean_input, bad_input = _clean_and_bad([*BAD, (A + DIM, jnp.nan)])
     make, expected = getattr(samplers, build), np.zeros((len(BAD), 2 * A))
     if build == "squashed_normal_from_log_std":
         make = _from_log_std
@@ -186,7 +186,7 @@ def _assert_outputs(bad, clean, mode, rows=BAD_ROWS):
 @pytest.mark.parametrize("mode", ["rollout", "replay", "eval"])
 @pytest.mark.parametrize("name", list(_squashed_samplers()))
 def test_squashed_samplers_give_nan_for_a_non_finite_parameter(name, mode):
-    clean_input, bad_input = _inputs()
+    clean_input, bad_input = _clean_and_bad()
     outputs = []
     for inputs in (clean_input, bad_input):
         head = _squashed_samplers()[name]
@@ -231,7 +231,7 @@ def test_distribution_sampler_passes_non_finite_parameters_to_the_distribution()
         return distrax.Independent(distrax.Normal(loc, jnp.exp(log_scale)), 1)
 
     grid = [(DIM, jnp.inf), (DIM, -jnp.inf), (DIM, jnp.nan)]
-    clean_input, bad_input = _inputs(grid)
+    clean_input, bad_input = _clean_and_bad(grid)
     clean, bad = (
         samplers.DistributionSampler(nnx.Rngs(0), 0.01, normal)((), inputs)
         for inputs in (clean_input, bad_input)

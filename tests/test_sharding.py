@@ -24,20 +24,22 @@ What they establish:
   the program moves no rows between devices (no all-gather, no all-to-all).
 """
 
+import functools
 import json
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
 
 import samplers
 from tests._devices import REPO_ROOT, cpu_devices_environment
+from tests.helpers import normal_inputs
 
 ENTROPY_WEIGHT = 0.01
 A = 3
+_inputs = functools.partial(normal_inputs, width=2 * A, scale=2.0)
 
 
 @pytest.fixture(scope="module")
@@ -168,10 +170,6 @@ def _act(sampler, mean_and_std):
 @nnx.vmap(in_axes=(0, None, 0), out_axes=0)
 def _replay(sampler, mean_and_std, stored):
     return sampler((), mean_and_std, stored)
-
-
-def _inputs(shape, seed=0):
-    return 2.0 * jax.random.normal(jax.random.key(seed), (*shape, 2 * A))
 
 
 def _members_differ_everywhere(pre_images):

@@ -29,7 +29,7 @@ def _step(x, mask, action, key):
     return value, jax.random.split(key)[0]
 
 
-def _inputs():
+def _step_args():
     x = jax.random.normal(jax.random.key(0), (16, 4))
     mask = jax.random.bernoulli(jax.random.key(1), 0.5, (16, 4))
     return x, mask, jnp.arange(16, dtype=jnp.int32), jax.random.key(2)
@@ -39,7 +39,7 @@ def _inputs():
 def test_each_step_in_the_loop_computes_what_one_call_computes_with_its_step_folded_in(steps):
     # The loop's last step is step steps - 1 (the first call, before the loop,
     # takes the key as given): one call with that step folded into the key.
-    x, mask, action, key = _inputs()
+    x, mask, action, key = _step_args()
     value, next_key = timing._looped(jax.jit(_step))(steps, x, mask, action, key)
     step_key = key if steps == 0 else jax.random.fold_in(key, steps - 1)
     expected, expected_key = jax.jit(_step)(x, mask, action, step_key)
@@ -63,7 +63,7 @@ def test_a_key_array_has_the_step_folded_into_each_key():
 
 
 def test_the_floor_reads_every_input_and_writes_outputs_of_the_steps_sizes():
-    args = _inputs()
+    args = _step_args()
     floor, floor_args = timing.floor_step(_step, args)
     outputs = floor(*floor_args)
     assert [o.shape for o in outputs] == [(16,)]  # the step's value; its key left out
@@ -75,12 +75,12 @@ def test_the_floor_reads_every_input_and_writes_outputs_of_the_steps_sizes():
 
 def test_moved_bytes_are_the_input_and_output_arrays_without_keys():
     # x 16*4*4, mask 16*4*1, action 16*4 in; value 16*4 out.
-    assert timing.moved_bytes(_step, _inputs()) == 256 + 64 + 64 + 64
+    assert timing.moved_bytes(_step, _step_args()) == 256 + 64 + 64 + 64
 
 
 def test_in_the_loop_every_implementation_and_the_floor_are_timed_with_their_memory():
     timing.set_timing(in_loop=True, bandwidth_tbs=1.0)
-    args = _inputs()
+    args = _step_args()
     fns = {"reference": (jax.jit(_step), args), "other": (jax.jit(_step), args)}
     samples = timing.interleaved(fns, rounds=2, round_seconds=0.01)
     assert list(samples) == ["reference", "other", timing.FLOOR]
@@ -145,7 +145,7 @@ def test_a_suite_stopped_midway_keeps_the_cells_it_timed(monkeypatch, tmp_path):
 
 def test_only_times_the_named_implementations_beside_the_reference():
     timing.set_timing(in_loop=False, only=("b",))
-    args = _inputs()
+    args = _step_args()
     fns = {name: (jax.jit(_step), args) for name in ("a", "b", "c")}
     assert list(timing.interleaved(fns, rounds=1, round_seconds=0.001)) == ["a", "b"]
     # A table that times none of the named implementations is timed whole.

@@ -67,7 +67,8 @@ def _distribution(params, **options):
     return samplers.Autoregressive({"unit": unit, "kind": kind, "target": target}, **options)
 
 
-def _log_softmax(logits, mask):
+def _masked_log_softmax_jnp(logits, mask):
+    """The masked log-softmax in jnp, so that ``jax.grad`` differentiates the oracle."""
     logits = jnp.where(mask, logits, -jnp.inf)
     return logits - jax.scipy.special.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -76,11 +77,11 @@ def _joint_log_probs(params):
     """``log p(u, k, t)`` of every triple, ``[B, 3, 2, 4]``, in plain jnp (-inf where
     forbidden): the oracle, written without the library."""
     units, kinds, targets = params
-    log_u = _log_softmax(units, UNIT_MASK)
-    log_k = _log_softmax(kinds, KIND_MASK)
+    log_u = _masked_log_softmax_jnp(units, UNIT_MASK)
+    log_k = _masked_log_softmax_jnp(kinds, KIND_MASK)
     # A forbidden unit's row of targets may be all forbidden: its NaN is not used.
     safe = np.where(TARGET_MASK.any(-1, keepdims=True), TARGET_MASK, True)
-    log_t = _log_softmax(targets, safe)
+    log_t = _masked_log_softmax_jnp(targets, safe)
     shape = log_t.shape
     return (
         jnp.broadcast_to(log_u[:, :, None, None], shape)
@@ -151,7 +152,7 @@ def test_log_probs_match_enumeration_and_masked_choices_get_exactly_zero_gradien
     params = _params(2)
     with jax.enable_x64(True):
         params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
-        expected = np.asarray(_joint_log_probs(params64))
+        expected = np.asarray(jax.jit(_joint_log_probs)(params64))  # one program
     allowed = np.argwhere(np.isfinite(expected[1]))  # row 1: every unit allowed
     log_prob = jax.jit(lambda p, a: _distribution(p).log_prob(a))
     for u, k, t in allowed:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import samplers
+from tests.reference import tanh_log_derivative_float64
 
 LOW = jnp.array([-2.0, 0.0, -0.1])
 HIGH = jnp.array([2.0, 1.0, 0.3])
@@ -112,7 +113,7 @@ def test_bounds_near_the_largest_float32_give_the_float64_map(low, high):
     low64, high64 = (float(np.float32(b)) for b in (low, high))
     half_range = (high64 - low64) / 2
     expected_y = (high64 + low64) / 2 + half_range * np.tanh(x)
-    expected_log_det = np.log(half_range) + 2 * np.log(2) - 2 * np.logaddexp(x, -x)
+    expected_log_det = tanh_log_derivative_float64(x, low64, high64)
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(log_det))
     np.testing.assert_allclose(y, expected_y, rtol=1e-6, atol=1e-6 * half_range)
     np.testing.assert_allclose(log_det, expected_log_det, rtol=1e-6)
@@ -216,3 +217,18 @@ def _mode_pre_image(dist):
     from samplers.distributions import _squashed
 
     return _squashed.mode_pre_image(dist.loc, dist.scale, 2.0)
+
+
+@pytest.mark.parametrize("mean", [1e3, -1e3, 100.0, -100.0])
+def test_distrax_sigmoid_gradient_is_nan_when_saturated(mean):
+    """Why ``samplers.Sigmoid`` exists: distrax's log-det evaluates both branches of a
+    ``jnp.where``, and for ``|x| > 88.72`` the untaken ``exp(x)`` overflows."""
+    gradient = jax.grad(lambda x: distrax.Sigmoid().forward_log_det_jacobian(x))(mean)
+    assert jnp.isnan(gradient)
+
+
+@pytest.mark.parametrize("low, high", [(1e-45, 1.0), (-1.0, -1e-40)])
+def test_subnormal_bounds_are_refused(low, high):
+    """XLA flushes subnormal float32 to zero, so such a bound could not be honoured."""
+    with pytest.raises(ValueError, match=r"must be 0 or at least 1.18e-38 in magnitude"):
+        samplers.BoundedTanh(np.array([low], np.float32), np.array([high], np.float32))

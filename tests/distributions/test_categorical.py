@@ -14,6 +14,7 @@ from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from tests._tiers import slow
+from tests.reference import categorical_entropy_float64, masked_log_softmax_float64
 
 tfd = tfp.distributions
 
@@ -48,18 +49,8 @@ NO_ACTION = 7  # the row that allows nothing
 def _oracle(logits, mask):
     """float64 log-probabilities (``-inf`` masked, NaN for a row without an allowed
     action), probabilities and entropies, written from the definition."""
-    log_probs = np.full(logits.shape, -np.inf)
-    entropy = np.full(logits.shape[0], np.nan)
-    for row in range(logits.shape[0]):
-        allowed = mask[row]
-        if not allowed.any():
-            log_probs[row] = np.nan
-            continue
-        values = logits[row, allowed].astype(np.float64)
-        log_probs[row, allowed] = values - special.logsumexp(values)
-        positive = np.exp(log_probs[row]) > 0  # 0 log 0 = 0
-        entropy[row] = -np.sum(np.exp(log_probs[row, positive]) * log_probs[row, positive])
-    return log_probs, np.exp(log_probs), entropy
+    log_probs = masked_log_softmax_float64(logits, mask)
+    return log_probs, np.exp(log_probs), categorical_entropy_float64(log_probs)
 
 
 def _dist(dtype=jnp.float32, logits=LOGITS, mask=MASK):

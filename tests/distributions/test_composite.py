@@ -14,9 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import special, stats
 
 import samplers
+from tests.reference import (
+    categorical_entropy_float64,
+    masked_log_softmax_float64,
+    tanh_normal_log_prob_float64,
+)
 
 B = 5
 
@@ -29,28 +33,10 @@ def _normal(seed, action=2):
     return samplers.normal_tanh(_logits(seed, 2 * action))
 
 
-def _log_softmax(logits, mask=None):
-    logits = np.asarray(logits, np.float64)
-    if mask is not None:
-        logits = np.where(mask, logits, -np.inf)
-    return logits - special.logsumexp(logits, -1, keepdims=True)
-
-
-def _normal_tanh_log_density(dist, x):
-    """float64 log-density of ``tanh(x)`` at the pre-image ``x``."""
-    loc, scale, x = (np.asarray(v, np.float64) for v in (dist.loc, dist.scale, x))
-    return np.sum(stats.norm.logpdf(x, loc, scale) - (np.log(4.0) - 2 * np.logaddexp(x, -x)), -1)
-
-
 def _normal_kl(p, q):
     """float64 KL of the base diagonal Normals, summed over the action."""
     m1, s1, m2, s2 = (np.asarray(v, np.float64) for v in (p.loc, p.scale, q.loc, q.scale))
     return np.sum(np.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2 * s2**2) - 0.5, -1)
-
-
-def _categorical_entropy(log_p):
-    p = np.exp(log_p)
-    return -np.sum(np.where(p > 0, p * np.where(p > 0, log_p, 0.0), 0.0), -1)
 
 
 def test_a_composite_scores_each_part_and_sums_them_in_the_given_order():
@@ -60,10 +46,10 @@ def test_a_composite_scores_each_part_and_sums_them_in_the_given_order():
     assert list(dist.parts) == ["move", "fire"] and dist.batch_shape == (B,)
     action, data, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
     parts = dist.log_prob_parts(action)
-    expected_fire = _log_softmax(_logits(0))[np.arange(B), np.asarray(action["fire"])]
+    expected_fire = masked_log_softmax_float64(_logits(0))[np.arange(B), np.asarray(action["fire"])]
     np.testing.assert_allclose(parts["fire"], expected_fire, rtol=1e-6)
     np.testing.assert_allclose(
-        parts["move"], _normal_tanh_log_density(move, data["move"]), rtol=1e-5
+        parts["move"], tanh_normal_log_prob_float64(data["move"], move.loc, move.scale), rtol=1e-5
     )
     np.testing.assert_array_equal(log_prob, parts["move"] + parts["fire"])
     np.testing.assert_array_equal(dist.log_prob(action), log_prob)
@@ -85,7 +71,7 @@ def test_a_composite_scores_each_part_and_sums_them_in_the_given_order():
 def test_the_entropy_and_the_registered_kl_are_the_sums_of_the_parts():
     p = samplers.Composite((samplers.MaskedCategorical(_logits(0)), (_normal(1),)))
     q = samplers.Composite((samplers.MaskedCategorical(_logits(2)), (_normal(3),)))
-    log_p, log_q = _log_softmax(_logits(0)), _log_softmax(_logits(2))
+    log_p, log_q = masked_log_softmax_float64(_logits(0)), masked_log_softmax_float64(_logits(2))
     categorical_kl = np.sum(np.exp(log_p) * (log_p - log_q), -1)
     p_normal, q_normal = p.parts[1][0], q.parts[1][0]
     np.testing.assert_allclose(
@@ -95,7 +81,7 @@ def test_the_entropy_and_the_registered_kl_are_the_sums_of_the_parts():
     )
     np.testing.assert_array_equal(p.kl_divergence(p), np.zeros(B))
     np.testing.assert_allclose(
-        p.entropy(), _categorical_entropy(log_p) + np.asarray(p_normal.entropy()), rtol=1e-6
+        p.entropy(), categorical_entropy_float64(log_p) + np.asarray(p_normal.entropy()), rtol=1e-6
     )
     other = samplers.Composite({"a": samplers.MaskedCategorical(_logits(0)), "b": _normal(1)})
     with pytest.raises(ValueError, match="the same parts in the same structure"):
@@ -116,9 +102,9 @@ def test_the_parameterized_log_prob_counts_the_chosen_parameters_alone():
     action, data, log_prob = dist.sample_with_replay(seed=jax.random.key(1))
     choice = np.asarray(action["choice"])
     assert choice[0] == 0 and 0 < choice.sum() < B
-    log_choice = _log_softmax(_logits(0, 2), mask)[np.arange(B), choice]
+    log_choice = masked_log_softmax_float64(_logits(0, 2), mask)[np.arange(B), choice]
     pairs = zip(dist.parameters, data["parameters"], strict=True)
-    densities = np.stack([_normal_tanh_log_density(d, x) for d, x in pairs], -1)
+    densities = np.stack([tanh_normal_log_prob_float64(x, d.loc, d.scale) for d, x in pairs], -1)
     chosen = densities[np.arange(B), choice]
     np.testing.assert_allclose(log_prob, log_choice + chosen, rtol=1e-5)
     parts = dist.log_prob_parts(action)
@@ -134,7 +120,7 @@ def test_the_parameterized_log_prob_counts_the_chosen_parameters_alone():
         return jnp.sum(d.replay(data)[1])
 
     logits = jnp.concatenate([_logits(1, 2), _logits(2, 4)], -1)
-    grad = np.asarray(jax.grad(total)(logits))
+    grad = np.asarray(jax.jit(jax.grad(total))(logits))
     assert np.all(grad[choice == 1, :2] == 0) and np.all(grad[choice == 0, 2:] == 0)
     assert np.all(np.any(grad[choice == 0, :2] != 0, -1))
 
@@ -143,14 +129,15 @@ def test_the_parameterized_entropy_and_kl_are_the_joint_ones():
     mask = np.ones((B, 2), bool)
     mask[:, 1] = False  # the second action is forbidden: its parts add nothing
     p, q = _parameterized(0, mask), _parameterized(3)
-    log_p = _log_softmax(_logits(0, 2), mask)
+    log_p = masked_log_softmax_float64(_logits(0, 2), mask)
     entropies = np.stack([np.asarray(d.entropy()) for d in p.parameters], -1)
     np.testing.assert_allclose(
         p.entropy(),
-        _categorical_entropy(log_p) + np.sum(np.where(mask, np.exp(log_p) * entropies, 0), -1),
+        categorical_entropy_float64(log_p)
+        + np.sum(np.where(mask, np.exp(log_p) * entropies, 0), -1),
         rtol=1e-6,
     )
-    log_q = _log_softmax(_logits(3, 2))
+    log_q = masked_log_softmax_float64(_logits(3, 2))
     difference = np.where(mask, log_p, 0.0) - log_q
     categorical_kl = np.sum(np.where(mask, np.exp(log_p) * difference, 0.0), -1)
     part_kls = np.stack(
@@ -179,12 +166,14 @@ def test_the_parameterized_entropy_and_kl_are_the_joint_ones():
                 ),
             )
 
-        grad = np.asarray(jax.grad(kl)(jnp.asarray(logits)))
-        step = 1e-6
+        # One program for the gradient and one for the differences' evaluations.
+        grad = np.asarray(jax.jit(jax.grad(kl))(jnp.asarray(logits)))
+        step, jitted_kl = 1e-6, jax.jit(kl)
         for index in [(0, 0), (2, 1), (4, 0)]:
             bump = np.zeros_like(logits)
             bump[index] = step
-            numeric = (kl(jnp.asarray(logits + bump)) - kl(jnp.asarray(logits - bump))) / (2 * step)
+            up, down = jitted_kl(jnp.asarray(logits + bump)), jitted_kl(jnp.asarray(logits - bump))
+            numeric = (up - down) / (2 * step)
             np.testing.assert_allclose(grad[index], numeric, rtol=1e-6, atol=1e-9)
 
 

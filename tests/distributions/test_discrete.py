@@ -14,6 +14,7 @@ from scipy import special
 
 import samplers
 from tests._tiers import slow
+from tests.reference import categorical_entropy_float64, masked_log_softmax_float64
 
 NVEC = (3, 1, 5, 2)
 INF, NAN = np.inf, np.nan
@@ -55,18 +56,9 @@ def _md_oracle(logits, mask, nvec=NVEC):
     logits = np.asarray(logits, np.float64)
     parts, entropies = [], []
     for x, m in zip(_split(logits, nvec), _split(mask, nvec), strict=True):
-        log_probs = np.full(x.shape, -INF)
-        entropy = np.full(len(x), NAN)
-        for row in range(len(x)):
-            allowed = m[row]
-            if not allowed.any() or special.logsumexp(x[row, allowed]) == -INF:
-                log_probs[row] = NAN
-                continue
-            log_probs[row, allowed] = x[row, allowed] - special.logsumexp(x[row, allowed])
-            positive = np.exp(log_probs[row]) > 0  # 0 log 0 = 0
-            entropy[row] = -np.sum(np.exp(log_probs[row, positive]) * log_probs[row, positive])
+        log_probs = masked_log_softmax_float64(x, m)
         parts.append(log_probs)
-        entropies.append(entropy)
+        entropies.append(categorical_entropy_float64(log_probs))
     return parts, np.stack(entropies, axis=-1)
 
 

@@ -94,7 +94,7 @@ def _float64_base_draw(x_k, weights, features):
     return x
 
 
-def _inputs(seed, spread=1.0):
+def _base_and_features(seed, spread=1.0):
     rng = np.random.default_rng(seed)
     loc = rng.normal(size=(B, A)) * spread
     scale = np.exp(rng.normal(size=(B, A)) * 0.5)
@@ -113,7 +113,7 @@ def _flow(loc, scale, weights, features, dtype=jnp.float32):
 
 
 def test_log_prob_matches_a_float64_formula_distrax_and_tfp():
-    loc, scale, features, x0 = _inputs(0, spread=0.5)
+    loc, scale, features, x0 = _base_and_features(0, spread=0.5)
     x0 = x0 / 2
     weights = _weights(1, on_action=0.1)
     expected, action64, x_k = _float64_log_prob(x0, loc, scale, weights, features)
@@ -158,7 +158,7 @@ def test_log_prob_matches_a_float64_formula_distrax_and_tfp():
 
 @pytest.mark.slow
 def test_spline_layers_score_as_distrax_transformed_scores_through_the_inverses():
-    loc, scale, features, x0 = _inputs(15, spread=0.5)
+    loc, scale, features, x0 = _base_and_features(15, spread=0.5)
     x0 = x0 / 2
     rng = np.random.default_rng(16)
     bins = 8
@@ -203,7 +203,7 @@ def test_spline_layers_score_as_distrax_transformed_scores_through_the_inverses(
 
 
 def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite():
-    loc, scale, features, _ = _inputs(2)
+    loc, scale, features, _ = _base_and_features(2)
     loc = loc + 60.0  # tanh rounds to 1 in float32, after the layers too
     # The layers see the features alone, so they keep the sample saturated.
     dist = _flow(loc, scale, _weights(3, on_action=0.0), features)
@@ -226,7 +226,7 @@ def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite
 def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
     """For a stored pre-image, with respect to the base, the conditioners' weights and
     the features: distrax's inverse-path score of the fixed action, in float64."""
-    loc, scale, features, x0 = _inputs(17, spread=0.5)
+    loc, scale, features, x0 = _base_and_features(17, spread=0.5)
     weights = _weights(18)
     _, _, x_k = _float64_log_prob(x0 / 2, loc, scale, weights, features)
     assert np.all(np.abs(x_k) < 4)
@@ -245,9 +245,10 @@ def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
             return distrax.Transformed(base, distrax.Chain(chain)).log_prob(action).sum()
 
         args = [jnp.asarray(a) for a in (loc, scale, weights[0][0], features)]
-        np.testing.assert_allclose(ours(*args), theirs(*args), rtol=1e-9)
-        got = jax.grad(ours, argnums=(0, 1, 2, 3))(*args)
-        want = jax.grad(theirs, argnums=(0, 1, 2, 3))(*args)
+        # Each score and its gradients compiled as one program, as a loss pass is.
+        value, got = jax.jit(jax.value_and_grad(ours, argnums=(0, 1, 2, 3)))(*args)
+        expected, want = jax.jit(jax.value_and_grad(theirs, argnums=(0, 1, 2, 3)))(*args)
+        np.testing.assert_allclose(value, expected, rtol=1e-9)
         for name, g, w in zip(("loc", "scale", "weights", "features"), got, want, strict=True):
             assert np.max(np.abs(w)) > 1e-3, name  # each moves the score
             np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10, err_msg=name)
@@ -258,7 +259,7 @@ def test_a_fresh_draw_scored_forward_is_the_float64_density(shift):
     """``sample_and_log_prob`` scores a draw forward: its value is the float64 formula
     at the same base draw, in float32 (``1e-5`` relative plus ``1e-5``) and in float64
     (``1e-12``), finite where the action rounded onto a bound."""
-    loc, scale, features, _ = _inputs(19, spread=0.5)
+    loc, scale, features, _ = _base_and_features(19, spread=0.5)
     loc = loc + shift
     weights = _weights(20, on_action=0.0 if shift else 0.2)
     key = jax.random.key(21)
@@ -282,7 +283,7 @@ def test_a_fresh_draw_scored_forward_is_distrax_s_and_the_inverse_path_s_with_gr
     on it (loc, scale, a conditioner's weights, the features) are those of distrax's
     own ``Transformed.sample_and_log_prob`` of the same layers, and of the inverse-path
     score of the same ``x_K``."""
-    loc, scale, features, _ = _inputs(19, spread=0.5)
+    loc, scale, features, _ = _base_and_features(19, spread=0.5)
     weights = _weights(20)
     key = jax.random.key(21)
     with jax.enable_x64(True):
@@ -327,7 +328,7 @@ def test_a_fresh_draw_scored_forward_is_distrax_s_and_the_inverse_path_s_with_gr
 
 @pytest.mark.slow
 def test_gradients_match_float64_central_differences():
-    loc, scale, features, x0 = _inputs(4)
+    loc, scale, features, x0 = _base_and_features(4)
     weights = _weights(5)
     with jax.enable_x64(True):
 
@@ -355,7 +356,7 @@ def test_gradients_match_float64_central_differences():
 
 
 def test_without_layers_it_is_the_squashed_normal():
-    loc, scale, _, x0 = _inputs(6, spread=4.0)
+    loc, scale, _, x0 = _base_and_features(6, spread=4.0)
     loc32, scale32, x32 = (jnp.asarray(a, jnp.float32) for a in (loc, scale, x0))
     flow = samplers.SquashedFlow(loc32, scale32)
     normal = samplers.squashed_normal_from_std(loc32, scale32)
@@ -377,7 +378,7 @@ def test_without_layers_it_is_the_squashed_normal():
 def test_the_entropy_estimate_is_unbiased():
     """With layers that see the features alone, the flow is an elementwise affine map of
     the Normal: a squashed Normal, whose exact entropy is the oracle."""
-    loc, scale, features, _ = _inputs(8)
+    loc, scale, features, _ = _base_and_features(8)
     rng = np.random.default_rng(9)
     weights = [
         (np.zeros((A, A, 2)), rng.normal(size=(F, A, 2)) * 0.4, rng.normal(size=(A, 2)) * 0.3)
@@ -407,7 +408,7 @@ def test_the_entropy_estimate_is_unbiased():
 
 
 def test_what_a_flow_does_not_have_is_refused_with_the_fix():
-    loc, scale, features, _ = _inputs(11)
+    loc, scale, features, _ = _base_and_features(11)
     dist = _flow(loc, scale, _weights(12), features)
     with pytest.raises(NotImplementedError, match="entropy_estimate"):
         dist.entropy()
@@ -427,7 +428,7 @@ def test_what_a_flow_does_not_have_is_refused_with_the_fix():
 
 @pytest.mark.parametrize("spread", [0.5, slow(3.0, id="3.0")])
 def test_a_stored_action_away_from_the_bounds_scores_through_the_inverses(spread):
-    loc, scale, features, x0 = _inputs(13, spread)
+    loc, scale, features, x0 = _base_and_features(13, spread)
     dist = _flow(loc, scale, _weights(14), features)
     action, log_prob = dist.forward_and_log_prob(jnp.asarray(x0, jnp.float32))
     inner = np.abs(np.asarray(action)) < 0.99
@@ -458,7 +459,7 @@ def test_the_kl_estimate_is_unbiased_for_the_kl_of_two_flows():
     """With layers that see the features alone each flow is a squashed Normal, and the KL
     of two with one squashing is that of the Normals, in closed form: the oracle for the
     estimate's mean and for the mean of its gradient with respect to the second flow."""
-    loc, scale, features, _ = _inputs(19)
+    loc, scale, features, _ = _base_and_features(19)
     rng = np.random.default_rng(20)
     p_weights = [
         (np.zeros((A, A, 2)), rng.normal(size=(F, A, 2)) * 0.3, rng.normal(size=(A, 2)) * 0.3)
@@ -497,7 +498,7 @@ def test_the_kl_estimate_is_unbiased_for_the_kl_of_two_flows():
 
 
 def test_the_kl_without_a_key_or_between_other_maps_is_refused_with_the_fix():
-    loc, scale, features, _ = _inputs(22)
+    loc, scale, features, _ = _base_and_features(22)
     p = _flow(loc, scale, _weights(23), features)
     q = _flow(loc, scale, _weights(24), features)
     with pytest.raises(NotImplementedError, match=r"p\.kl_divergence\(q, seed=key"):

@@ -17,6 +17,11 @@ from scipy import special, stats
 import samplers
 from samplers.distributions import replay
 from tests._tiers import slow
+from tests.reference import (
+    masked_log_softmax_float64,
+    softplus_std_float64,
+    tanh_normal_log_prob_float64,
+)
 
 B, A = 6, 3
 
@@ -197,17 +202,16 @@ def test_replayed_log_probs_and_gradients_match_float64_formulas():
     action: value and gradient with respect to every parameter and the pre-image."""
     mean, raw_std = np.split(np.asarray(_params(0, 2 * A), np.float64), 2, -1)
     x = 0.5 + 3.0 * np.asarray(_params(7, A), np.float64)  # saturated ones included
-    std = np.logaddexp(0.0, raw_std) + 1e-3
+    std = softplus_std_float64(raw_std)
 
     def normal_tanh(m, s, x):
         return samplers.normal_tanh(jnp.concatenate([m, s], -1)).replay(x)[1].sum()
 
-    expected = np.sum(
-        stats.norm.logpdf(x, mean, std) - (np.log(4.0) - 2 * np.logaddexp(x, -x)), -1
-    ).sum()
+    expected = tanh_normal_log_prob_float64(x, mean, std).sum()
     args = [jnp.asarray(v, jnp.float32) for v in (mean, raw_std, x)]
-    np.testing.assert_allclose(normal_tanh(*args), expected, rtol=2e-6)
-    grads = jax.grad(normal_tanh, argnums=(0, 1, 2))(*args)
+    # Each score and its gradients compiled as one program, as a loss pass is.
+    value, grads = jax.jit(jax.value_and_grad(normal_tanh, argnums=(0, 1, 2)))(*args)
+    np.testing.assert_allclose(value, expected, rtol=2e-6)
     dx = -(x - mean) / std**2 + 2 * np.tanh(x)
     dm = (x - mean) / std**2
     ds = ((x - mean) ** 2 / std**3 - 1 / std) * special.expit(raw_std)
@@ -223,13 +227,14 @@ def test_replayed_log_probs_and_gradients_match_float64_formulas():
     u = special.expit(z)  # the density of the action -1 + 3u, not of z
     expected = np.sum(stats.beta.logpdf(u, a, b) - np.log(3.0), -1).sum()
     params, z32 = _params(2, 2 * A), jnp.asarray(z, jnp.float32)
-    np.testing.assert_allclose(beta(params, z32), expected, rtol=1e-5)
+    value, (d_params, d_z) = jax.jit(jax.value_and_grad(beta, argnums=(0, 1)))(params, z32)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
     dz = (a - 1) * (1 - u) - (b - 1) * u
-    np.testing.assert_allclose(jax.grad(beta, 1)(params, z32), dz, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d_z, dz, rtol=1e-4, atol=1e-4)
     # d/d raw_a of log p = (log u - digamma(a) + digamma(a + b)) * sigmoid(raw_a).
     raw_a = np.split(np.asarray(params, np.float64), 2, -1)[0]
     da = (np.log(u) - special.digamma(a) + special.digamma(a + b)) * special.expit(raw_a)
-    np.testing.assert_allclose(jax.grad(beta)(params, z32)[:, :A], da, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d_params[:, :A], da, rtol=1e-4, atol=1e-4)
 
     logits = np.asarray(_params(3, 4), np.float64)
     action = np.array([0, 2, 3, 0, 2, 3])
@@ -239,8 +244,7 @@ def test_replayed_log_probs_and_gradients_match_float64_formulas():
     def categorical(logits):
         return samplers.MaskedCategorical(logits, mask).replay(action)[1].sum()
 
-    masked = np.where(mask, logits, -np.inf)
-    log_p = masked - special.logsumexp(masked, -1, keepdims=True)
+    log_p = masked_log_softmax_float64(logits, mask)
     np.testing.assert_allclose(
         categorical(jnp.asarray(logits, jnp.float32)),
         log_p[np.arange(B), action].sum(),

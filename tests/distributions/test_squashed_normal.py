@@ -1,20 +1,41 @@
+"""Building a ``SquashedNormal``, its pre-image path and its entropy.
+
+The constructors (``normal_tanh``, ``squashed_normal``, ``squashed_normal_from_std`` and
+``_from_log_std``, ``SquashedNormal``), the std maps and their floors, refused
+arguments, dtypes and the NaN policy of invalid parameters; then what a head calls: the
+pre-image path (``sample_with_pre_image``, ``sample_pre_image``,
+``log_prob_from_pre_image``, ``deterministic_action``) and the entropy (``entropy``,
+``entropy_estimate``, ``entropy_quadrature``), at the end over the whole parameter range.
+Where a squashed-Normal test goes: ``tests/README.md``.
+"""
+
+import functools
+
 import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from tensorflow_probability.substrates import jax as tfp
 
 import samplers
 from tests import reference
 from tests._tiers import SLOW, each_value_once, slow
+from tests.helpers import (
+    LIMIT,
+    SQUASHING_KINDS,
+    normal_inputs,
+    softplus_inverse,
+    squashed_normal_parameters,
+    squashing,
+)
 
 tfd, tfb = tfp.distributions, tfp.bijectors
 A = 3
-
-
-def _inputs(batch_shape, scale=1.0, seed=0):
-    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
+_inputs = functools.partial(normal_inputs, width=2 * A)
 
 
 def test_normal_tanh_is_a_distrax_transformed_with_event_rank_one(batch_shape):
@@ -28,7 +49,7 @@ def test_normal_tanh_is_a_distrax_transformed_with_event_rank_one(batch_shape):
 
 @pytest.mark.parametrize("min_std, std_scale", [(1e-3, 1.0), (0.0, 1.0), (0.1, 2.5)])
 def test_std_is_softplus_plus_min_std_times_scale(min_std, std_scale):
-    mean_and_std = _inputs((5,), scale=3.0)
+    mean_and_std = _inputs((4,), scale=3.0)
     dist = samplers.normal_tanh(mean_and_std, min_std=min_std, std_scale=std_scale)
     mean, std = reference.params_float64(mean_and_std, min_std=min_std, std_scale=std_scale)
     np.testing.assert_allclose(dist.loc, mean, rtol=1e-6)
@@ -76,6 +97,12 @@ def test_log_det_matches_autodiff_of_the_forward_map():
     )
 
 
+# log_prob_from_pre_image and its gradient, one program for the cases below.
+_score_value_and_grad = jax.jit(
+    jax.value_and_grad(lambda p, x: samplers.normal_tanh(p).log_prob_from_pre_image(x))
+)
+
+
 @pytest.mark.parametrize("z", [10.0, -10.0, 20.0, -20.0, 50.0, -50.0])
 def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
     mean_and_std = jnp.array([z - 0.5, 0.3])
@@ -88,10 +115,7 @@ def test_saturated_pre_image_is_finite_where_the_atanh_path_is_nan(z):
     )
     assert jnp.isnan(plain.log_prob(action))  # distrax inverts: atanh(1) = inf
 
-    def loss(p):
-        return samplers.normal_tanh(p).log_prob_from_pre_image(pre_image)
-
-    value, grad = jax.value_and_grad(loss)(mean_and_std)
+    value, grad = _score_value_and_grad(mean_and_std, pre_image)
     mean, std = reference.params_float64(mean_and_std)
     expected = reference.tanh_normal_log_prob_float64(pre_image, mean, std)
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
@@ -124,15 +148,8 @@ def test_entropy_estimate_is_the_reparameterised_one_sample_formula(batch_shape)
     eps = jax.random.normal(key, dist.loc.shape)
     mean, std = np.asarray(dist.loc, np.float64), np.asarray(dist.scale, np.float64)
     z = mean + std * eps
-    expected = np.sum(
-        0.5 + 0.5 * np.log(2 * np.pi) + np.log(std) + 2 * np.log(2) - 2 * np.logaddexp(z, -z),
-        axis=-1,
-    )
+    expected = reference.tanh_normal_entropy_estimate_float64(z, std)
     np.testing.assert_allclose(dist.entropy_estimate(seed=key), expected, rtol=1e-5, atol=1e-5)
-
-
-def _raw_std(std, min_std=1e-3):
-    return float(np.log(np.expm1(std - min_std)))
 
 
 @pytest.mark.parametrize(
@@ -144,8 +161,10 @@ def _raw_std(std, min_std=1e-3):
     )
 )
 def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_samples):
-    exact = reference.tanh_normal_entropy_float64(mean, std)
-    dist = samplers.normal_tanh(jnp.tile(jnp.array([mean, _raw_std(std)]), (20_000, 1)))
+    exact = reference.squashed_normal_entropy_float64(mean, std)
+    dist = samplers.normal_tanh(
+        jnp.tile(jnp.array([mean, softplus_inverse(std - 1e-3)]), (20_000, 1))
+    )
     estimates = np.asarray(
         dist.entropy_estimate(seed=jax.random.key(5), num_samples=num_samples), np.float64
     )
@@ -154,7 +173,9 @@ def test_sample_estimates_are_unbiased_for_the_squashed_entropy(mean, std, num_s
 
 
 def test_more_samples_lower_the_variance():
-    dist = samplers.normal_tanh(jnp.tile(jnp.array([0.7, _raw_std(1.3)]), (4_000, 1)))
+    dist = samplers.normal_tanh(
+        jnp.tile(jnp.array([0.7, softplus_inverse(1.3 - 1e-3)]), (4_000, 1))
+    )
     spread = [
         float(jnp.std(dist.entropy_estimate(seed=jax.random.key(6), num_samples=k)))
         for k in (1, 16)
@@ -180,7 +201,9 @@ def test_quadrature_is_biased_for_wide_stds_as_documented():
 
 def test_quadrature_is_differentiable_and_deterministic():
     mean_and_std = _inputs((4,))
-    grad = jax.grad(lambda p: samplers.normal_tanh(p).entropy_quadrature().sum())(mean_and_std)
+    grad = jax.jit(jax.grad(lambda p: samplers.normal_tanh(p).entropy_quadrature().sum()))(
+        mean_and_std
+    )
     assert jnp.all(jnp.isfinite(grad)) and jnp.all(grad != 0)
     dist = samplers.normal_tanh(mean_and_std)
     np.testing.assert_array_equal(dist.entropy_quadrature(), dist.entropy_quadrature())
@@ -188,10 +211,10 @@ def test_quadrature_is_differentiable_and_deterministic():
 
 def test_base_entropy_ignores_the_squashing_and_overstates_it():
     mean, std = 0.7, 1.3
-    dist = samplers.normal_tanh(jnp.array([mean, _raw_std(std)]))
+    dist = samplers.normal_tanh(jnp.array([mean, softplus_inverse(std - 1e-3)]))
     base = float(dist.distribution.entropy())
-    assert base == pytest.approx(0.5 + 0.5 * np.log(2 * np.pi) + np.log(std), rel=1e-5)
-    assert base > reference.tanh_normal_entropy_float64(mean, std)
+    assert base == pytest.approx(reference.normal_entropy_float64(std), rel=1e-5)
+    assert base > reference.squashed_normal_entropy_float64(mean, std)
 
 
 # The one-sample path for Tanh and the several-sample one for bounds by default; the
@@ -233,8 +256,8 @@ def test_saved_derivatives_equal_autodiff_of_the_plain_formula(bijector, num_sam
         return jnp.sum(weights * (log_prob + entropy))
 
     for ours_grad, plain_grad in zip(
-        jax.grad(ours, argnums=(0, 1))(mean_and_std, pre_image),
-        jax.grad(plain, argnums=(0, 1))(mean_and_std, pre_image),
+        jax.jit(jax.grad(ours, argnums=(0, 1)))(mean_and_std, pre_image),
+        jax.jit(jax.grad(plain, argnums=(0, 1)))(mean_and_std, pre_image),
         strict=True,
     ):
         np.testing.assert_allclose(ours_grad, plain_grad, rtol=1e-4, atol=1e-5)
@@ -283,8 +306,8 @@ def test_bad_estimator_sizes_are_refused(call, error, message):
 
 def test_entropy_gradient_reaches_mean_and_std():
     mean_and_std = _inputs((4,))
-    grad = jax.grad(
-        lambda p: samplers.normal_tanh(p).entropy_estimate(seed=jax.random.key(0)).sum()
+    grad = jax.jit(
+        jax.grad(lambda p: samplers.normal_tanh(p).entropy_estimate(seed=jax.random.key(0)).sum())
     )(mean_and_std)
     assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
 
@@ -300,7 +323,7 @@ def test_entropy_gradient_reaches_mean_and_std():
     ],
 )
 def test_other_bijectors_match_distrax_log_prob(bijector):
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     dist = samplers.squashed_normal(mean_and_std, bijector)
     action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(6))
     reference_dist = distrax.Transformed(
@@ -310,7 +333,7 @@ def test_other_bijectors_match_distrax_log_prob(bijector):
 
 
 def test_a_tfp_bijector_is_accepted():
-    dist = samplers.squashed_normal(_inputs((2,)), tfb.Tanh())
+    dist = samplers.squashed_normal(_inputs((4,)), tfb.Tanh())
     action, _, log_prob = dist.sample_with_pre_image(seed=jax.random.key(0))
     np.testing.assert_allclose(log_prob, dist.log_prob(action), rtol=1e-4, atol=1e-4)
 
@@ -320,13 +343,13 @@ def test_bounds_can_be_built_inside_a_jitted_function():
         dist = samplers.squashed_normal(mean_and_std, samplers.BoundedTanh(low, low + 4.0))
         return dist.sample_with_pre_image(seed=jax.random.key(0))
 
-    action, _, log_prob_value = jax.jit(log_prob)(_inputs((5,)), jnp.full(A, -2.0))
+    action, _, log_prob_value = jax.jit(log_prob)(_inputs((4,)), jnp.full(A, -2.0))
     assert jnp.all(jnp.abs(action) <= 2.0) and jnp.all(jnp.isfinite(log_prob_value))
 
 
 def test_distribution_passes_through_jit():
-    dist = jax.jit(samplers.normal_tanh)(_inputs((5,)))
-    assert isinstance(dist, samplers.SquashedNormal) and dist.loc.shape == (5, A)
+    dist = jax.jit(samplers.normal_tanh)(_inputs((4,)))
+    assert isinstance(dist, samplers.SquashedNormal) and dist.loc.shape == (4, A)
 
 
 @pytest.mark.parametrize("shape", [(5,), (4, 7), ()], ids=["odd", "odd-batched", "scalar"])
@@ -435,7 +458,7 @@ def test_a_distrax_chain_replays_from_the_pre_image():
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 def test_low_precision_parameters_compute_in_float32(dtype):
-    params = _inputs((5,)).astype(dtype)
+    params = _inputs((4,)).astype(dtype)
     dist = samplers.normal_tanh(params)
     action, pre_image, log_prob = dist.sample_with_pre_image(seed=jax.random.key(11))
     assert dist.loc.dtype == action.dtype == log_prob.dtype == jnp.float32
@@ -586,7 +609,7 @@ def test_the_softplus_std_is_floored_at_the_smallest_normal_float(min_std, std_s
         ).scale
 
     raw = np.asarray(raw_std, np.float64)
-    unfloored = (np.logaddexp(0.0, raw) + min_std) * std_scale
+    unfloored = reference.softplus_std_float64(raw, min_std, std_scale)
     np.testing.assert_allclose(jax.jit(scale)(mean_and_std), np.maximum(unfloored, tiny), rtol=1e-6)
     assert np.all(jax.jit(scale)(mean_and_std) >= tiny)
     slope = np.where(unfloored >= tiny, std_scale / (1.0 + np.exp(-raw)), 0.0)
@@ -678,7 +701,7 @@ ENTROPY_CASES = [
 )
 def test_entropy_is_the_float64_entropy_where_quadrature_is_biased(mean, std):
     # The float64 reference integrates -log p over a dense grid: about 1e-9 accurate.
-    exact = reference.tanh_normal_entropy_float64(mean, std)
+    exact = reference.squashed_normal_entropy_float64(mean, std)
     with jax.enable_x64(True):
         dist = samplers.SquashedNormal(jnp.array([mean]), jnp.array([std]), samplers.Tanh())
         assert float(dist.entropy()) == pytest.approx(exact, abs=1e-8)
@@ -719,7 +742,7 @@ def test_entropy_of_a_large_batch_is_each_row_alone(shape):
         b = np.reshape(b, a.shape)
         np.testing.assert_allclose(a, b, rtol=4 * eps, atol=4 * eps, err_msg=name)
     for row, (mean, std) in enumerate(cases):
-        exact = shape[-1] * reference.tanh_normal_entropy_float64(mean, std)
+        exact = shape[-1] * reference.squashed_normal_entropy_float64(mean, std)
         value = float(got[0][(row,) * (len(shape) - 1)])
         assert value == pytest.approx(exact, abs=1e-5 * (1 + abs(exact)))
 
@@ -856,6 +879,15 @@ def test_entropy_in_a_ppo_loss_written_against_distrax():
     assert np.any(entropy_grad != 0)
 
 
+def test_entropy_is_refused_for_a_bijector_without_an_exact_form():
+    dist = samplers.SquashedNormal(jnp.zeros((3, 2)), jnp.ones((3, 2)), distrax.Lambda(jnp.sinh))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"no exact form for Lambda; use dist.entropy_estimate\(seed=key.*entropy_quadrature",
+    ):
+        dist.entropy()
+
+
 # Vector bounds by default; Tanh and Sigmoid, squashings of the same family, slow.
 @pytest.mark.parametrize(
     "bijector",
@@ -913,7 +945,7 @@ def test_an_integer_seed_works_as_in_distrax_and_an_integer_pre_image_is_refused
 
 
 def test_quadrature_beyond_its_node_limit_is_refused_with_the_exact_entropy_named():
-    dist = samplers.normal_tanh(_inputs((2,)))
+    dist = samplers.normal_tanh(_inputs((4,)))
     assert np.all(np.isfinite(dist.entropy_quadrature(256)))
     with pytest.raises(ValueError, match=r"num_points must be at most 256, got 400.*entropy\(\)"):
         dist.entropy_quadrature(400)
@@ -929,3 +961,221 @@ def test_sample_pre_image_refuses_keys_that_are_not_one_per_batch_element():
         dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 3))
     per_element = dist.sample_pre_image(seed=jax.random.split(jax.random.key(0), 4))
     assert per_element.shape == (4, 3)
+
+
+# log_prob_from_pre_image and the entropy estimate over the whole parameter range, against
+# float64, in 1-D, for the four squashings the guarantees name (tanh, BoundedTanh onto
+# ONE_D_BOUNDS, samplers.Sigmoid() and the identity): parameters drawn by hypothesis
+# (means and raw stds in [-1e3, 1e3], min_std in [0, 1], std_scale in [1e-30, 10]), then
+# pinned saturated pre-images.
+
+ONE_D_BOUNDS = (np.array([-2.0], np.float32), np.array([3.0], np.float32))
+
+HALF_LOG_2PI = 0.5 * np.log(2 * np.pi)
+
+
+def _property_cases(*default):
+    """``(kind, share)`` cases of a property: each example compiles afresh (the options
+    are static), so the default tier draws a fifth of the profile's examples
+    (tests/conftest.py) for two squashings (they share one code path); the slow tier all
+    of them, for every squashing."""
+    fifth = [pytest.param(k, 5, id=f"{k}-a-fifth") for k in default]
+    return [*fifth, *(slow(k, 1, id=k) for k in SQUASHING_KINDS)]
+
+
+def _examples(share):
+    """The property's settings: ``1 / share`` of the profile's examples, at least 2."""
+    return settings(max_examples=max(2, settings.default.max_examples // share), deadline=None)
+
+
+def _log_abs_derivative_float64(kind, x):
+    """``log |f'(x)|`` of the 1-D squashing ``kind`` (bounds ``ONE_D_BOUNDS``), with at
+    least one dimension, from the float64 references."""
+    x = np.atleast_1d(np.asarray(x, np.float64))
+    if kind == "tanh":
+        return reference.tanh_log_derivative_float64(x)
+    if kind == "bounded":
+        return reference.tanh_log_derivative_float64(x, *ONE_D_BOUNDS)
+    if kind == "sigmoid":
+        return reference.sigmoid_log_derivative_float64(x)
+    return np.zeros_like(x)
+
+
+def _float32_tolerance(x, mean, std, log_abs_derivative):
+    """16 float32 ulps of the largest term of ``log N(x) - log|f'(x)|``, as the guarantees say.
+
+    The terms are ``z**2 / 2``, ``log(std)``, ``log(2 pi) / 2`` and ``log|f'(x)|``;
+    the ulp is ``np.spacing`` of the largest magnitude in float32. Rounding of the
+    std, the standardisation and the sum each cost a few ulps of the terms, not of
+    the (possibly cancelling) result.
+    """
+    z = (x - mean) / std
+    terms = np.broadcast_arrays(0.5 * z**2, np.log(std), HALF_LOG_2PI, log_abs_derivative)
+    largest = np.max(np.abs(np.stack(terms)), axis=0)
+    return 16 * np.spacing(largest.astype(np.float32)).astype(np.float64)
+
+
+def _one_d_distribution(kind, mean, raw_std, n, min_std, std_scale):
+    """``n`` copies of a 1-D distribution, from the pure layer's public constructors."""
+    params = jnp.broadcast_to(jnp.array([mean, raw_std], jnp.float32), (n, 2))
+    if kind == "tanh":
+        return samplers.normal_tanh(params, min_std=min_std, std_scale=std_scale)
+    return samplers.squashed_normal(
+        params, squashing(kind, ONE_D_BOUNDS), min_std=min_std, std_scale=std_scale
+    )
+
+
+# Guarantees, "In 1-D the density integrates to 1 over the range".
+@pytest.mark.parametrize("kind, share", _property_cases("bounded", "sigmoid"))
+def test_squashed_density_integrates_to_one(kind, share):
+    """``int p(y) dy = int p(f(x)) |f'(x)| dx = 1`` over the range, by float64 quadrature.
+
+    ``p(f(x))`` is the library's ``log_prob_from_pre_image``; ``|f'(x)|`` is float64.
+    The std floor of 2**-10 lets float32 pre-images resolve the density (nodes at
+    most std / 2 apart, where the trapezoid rule is exact to ~1e-17 for a Gaussian).
+    """
+
+    @_examples(share)
+    @given(data=st.data())
+    def check(data):
+        mean_and_std, min_std, std_scale = data.draw(
+            squashed_normal_parameters((), std_floor=2.0**-10, action_dim=1)
+        )
+        (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+        std = float(reference.softplus_std_float64(raw_std, min_std, std_scale))
+        # A fixed count of float32 nodes (one compilation); rounding may repeat some.
+        nodes = (mean + std * np.linspace(-12.0, 12.0, 2001)).astype(np.float32)
+        dist = _one_d_distribution(kind, mean, raw_std, nodes.size, min_std, std_scale)
+        log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(nodes)[:, None]), np.float64)
+        nodes, first = np.unique(nodes, return_index=True)
+        log_prob = log_prob[first]
+        x = nodes.astype(np.float64)
+        assert np.all(np.diff(x) <= std / 2)
+        log_abs_derivative = _log_abs_derivative_float64(kind, x)
+        density = np.exp(log_prob + log_abs_derivative)
+        tolerance = 1e-6 + np.trapezoid(
+            density * _float32_tolerance(x, mean, std, log_abs_derivative), x
+        )
+        assert abs(np.trapezoid(density, x) - 1.0) <= tolerance
+
+    check()
+
+
+SATURATED_PRE_IMAGES = [10.0, -10.0, 20.0, -20.0, 50.0, -50.0, 1e3, -1e3]
+
+
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# term ... at +-10, +-20, +-50, +-1e3".
+# (offset of the mean from the pre-image, raw std): at the mean, near it, 3 off.
+SATURATED_OFFSETS = [(0.0, 0.0), (-0.5, 0.3), (3.0, -2.0)]
+
+
+@pytest.mark.parametrize("kind", SQUASHING_KINDS)
+def test_log_prob_of_saturated_pre_images_matches_float64(kind):
+    # Every (pre-image, offset) pair is one batch element of one distribution.
+    cases = [(x, *o) for x in SATURATED_PRE_IMAGES for o in SATURATED_OFFSETS]
+    pre_image, offset, raw_std = np.array(cases, np.float32).T
+    mean = pre_image + offset
+    params = jnp.stack([mean, raw_std], axis=-1)
+    if kind == "tanh":
+        dist = samplers.normal_tanh(params, min_std=1e-3, std_scale=1.0)
+    else:
+        dist = samplers.squashed_normal(params, squashing(kind, ONE_D_BOUNDS), min_std=1e-3)
+    log_prob = np.asarray(dist.log_prob_from_pre_image(jnp.asarray(pre_image)[:, None]))
+    std = reference.softplus_std_float64(raw_std, 1e-3, 1.0)
+    x = pre_image.astype(np.float64)
+    log_abs_derivative = _log_abs_derivative_float64(kind, x)
+    expected = (
+        reference.normal_log_prob_float64(x, mean.astype(np.float64), std) - log_abs_derivative
+    )
+    tolerance = _float32_tolerance(x, mean.astype(np.float64), std, log_abs_derivative)
+    assert np.all(np.isfinite(log_prob))
+    bad = np.abs(log_prob - expected) > tolerance
+    assert not np.any(bad), list(
+        zip(np.array(cases)[bad], log_prob[bad], expected[bad], strict=True)
+    )
+
+
+# Guarantees, "log_prob_from_pre_image ... within 16 float32 ulps of its largest
+# term, for pre-images anywhere in [-1e3, 1e3]".
+@pytest.mark.parametrize("kind, share", _property_cases("tanh", "identity"))
+def test_log_prob_from_pre_image_matches_float64_change_of_variables(kind, share):
+    """Arbitrary pre-images in [-1e3, 1e3] under arbitrary parameters.
+
+    The std floor of 2**-40 keeps ``z**2`` of the farthest pre-image inside the
+    float32 range; below it the true log-density is below -FLT_MAX.
+    """
+
+    @_examples(share)
+    @given(data=st.data())
+    def check(data):
+        mean_and_std, min_std, std_scale = data.draw(
+            squashed_normal_parameters((), std_floor=2.0**-40, action_dim=1)
+        )
+        pre_images = data.draw(
+            hnp.arrays(np.float32, (16,), elements=st.floats(-LIMIT, LIMIT, width=32))
+        )
+        (mean,), (raw_std,) = np.split(mean_and_std.astype(np.float64), 2)
+        dist = _one_d_distribution(kind, mean, raw_std, pre_images.size, min_std, std_scale)
+        log_prob = np.asarray(
+            dist.log_prob_from_pre_image(jnp.asarray(pre_images)[:, None]), np.float64
+        )
+        x = pre_images.astype(np.float64)
+        std = reference.softplus_std_float64(raw_std, min_std, std_scale)
+        log_abs_derivative = _log_abs_derivative_float64(kind, x)
+        expected = reference.normal_log_prob_float64(x, mean, std) - log_abs_derivative
+        tolerance = _float32_tolerance(x, mean, std, log_abs_derivative)
+        assert np.all(np.isfinite(log_prob))
+        assert np.all(np.abs(log_prob - expected) <= tolerance), (log_prob, expected, tolerance)
+
+    check()
+
+
+ENTROPY_CASES = [
+    ("tanh", 0.7, 1.3),
+    ("tanh", 5.0, 3.0),
+    ("tanh", -20.0, 0.01),
+    ("tanh", 0.0, 100.0),
+    ("bounded", 0.3, 0.8),
+    ("bounded", 8.0, 2.0),
+    ("sigmoid", 0.5, 1.0),
+    ("sigmoid", -30.0, 5.0),
+    ("identity", 1.0, 2.0),
+]
+
+
+# Guarantees, "The sample entropy estimators' means are within three standard
+# errors".
+# The first case of the bounded and the identity samplers by default; the others slow.
+@pytest.mark.parametrize(
+    "kind, mean, std",
+    [
+        pytest.param(
+            k,
+            m,
+            s,
+            id=f"{k}-{m}-{s}",
+            marks=[] if (k, m, s) in (("bounded", 0.3, 0.8), ("identity", 1.0, 2.0)) else [SLOW],
+        )
+        for k, m, s in ENTROPY_CASES
+    ],
+)
+def test_entropy_estimate_is_unbiased_against_float64_quadrature(kind, mean, std):
+    """The mean of 20 000 one-sample estimates (one key each) within 3 standard errors.
+
+    The exact entropy is ``-int N(x) log p(f(x)) dx`` by float64 quadrature over the
+    pre-image. The identity's estimate has no variance, so a float32 allowance of
+    1e-6 relative is added to the three standard errors.
+    """
+    raw_std = softplus_inverse(std - 1e-3)
+    exact = reference.squashed_normal_entropy_float64(
+        mean, std, lambda x: _log_abs_derivative_float64(kind, x)
+    )
+
+    dist = _one_d_distribution(kind, mean, raw_std, 1, 1e-3, 1.0)
+    keys = jax.random.split(jax.random.key(0), 20_000)
+    estimates = jax.vmap(lambda key: dist.entropy_estimate(seed=key)[0])(keys)
+    estimates = np.asarray(estimates, np.float64)
+    assert np.all(np.isfinite(estimates))
+    standard_error = estimates.std() / np.sqrt(estimates.size)
+    assert abs(estimates.mean() - exact) <= 3 * standard_error + 1e-6 * (1 + abs(exact))

@@ -1,8 +1,14 @@
+"""``SquashedNormal.mode``: the maximum of the action density, against a float64 grid search.
+
+Where a squashed-Normal test goes: ``tests/README.md``.
+"""
+
 import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 import samplers
 from samplers.distributions import _squashed
@@ -134,3 +140,14 @@ def test_the_mode_is_scored_at_its_remembered_pre_image():
     np.testing.assert_array_equal(
         dist.log_prob(action), dist.log_prob_from_pre_image(mode_pre_image(dist))
     )
+
+
+def test_mode_is_samplers_mode_and_maximises_the_float64_density():
+    loc, scale = jnp.array([[0.5, 0.3, -0.2]]), jnp.array([[0.3, 1.0, 3.0]])
+    dist = samplers.SquashedNormal(loc, scale, samplers.Tanh())
+    np.testing.assert_array_equal(dist.mode(), dist.mode())
+    y = np.linspace(-1 + 1e-9, 1 - 1e-9, 2_000_001)
+    for i in range(2):  # the third mode rounds onto the bound in float32
+        x = np.arctanh(y)
+        density = stats.norm.logpdf(x, float(loc[0, i]), float(scale[0, i])) - np.log1p(-(y**2))
+        assert float(dist.mode()[0, i]) == pytest.approx(y[np.argmax(density)], abs=1e-5)

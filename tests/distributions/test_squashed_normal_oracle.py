@@ -22,6 +22,8 @@ so the two dtypes share the oracle's integrals. The default run sweeps a
 representative grid (the costlier methods in float64 and in float32 for one of the
 float32 squashings, each squashing in some methods); ``-m slow`` the rest and the dense
 one.
+
+Where a squashed-Normal test goes: ``tests/README.md``.
 """
 
 import dataclasses

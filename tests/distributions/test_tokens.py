@@ -20,6 +20,7 @@ import samplers
 from samplers import TokenCategorical, support_from_kept_ids
 from tests._devices import REPO_ROOT, cpu_devices_environment
 from tests._tiers import slow
+from tests.reference import categorical_entropy_float64, masked_log_softmax_float64
 
 N, D, V = 10, 6, 37
 BLOCK = (4, 8)  # 10 rows: the last tile half padding; 37 tokens: a remainder block of 5
@@ -77,21 +78,6 @@ def _logits(hidden, unembedding, bias, temperature=1.0, mask=None):
     return logits
 
 
-def _log_softmax(logits):
-    """Row-wise; NaN for a row with no finite logit."""
-    out = np.full(logits.shape, np.nan)
-    for row, values in enumerate(logits):
-        if np.isfinite(values).any():
-            out[row] = values - special.logsumexp(values)
-    return out
-
-
-def _entropy(log_probs):
-    probs = np.exp(log_probs)
-    terms = np.where(probs > 0, -probs * np.where(probs > 0, log_probs, 0.0), 0.0)
-    return np.where(np.isnan(log_probs).all(-1), np.nan, terms.sum(-1))
-
-
 def _kept(values, top_k=None, top_p=None, min_p=None, max_kept=256):
     """The ids vLLM keeps for one row of tempered logits, most probable first, with the
     distance of every decision from its threshold (to check the data avoids near ties).
@@ -140,7 +126,7 @@ def _on_support(logits, support):
     member = np.zeros(logits.shape, bool)
     for row, ids in enumerate(support):
         member[row, ids[ids >= 0]] = True
-    return _log_softmax(np.where(member, logits, -np.inf))
+    return masked_log_softmax_float64(np.where(member, logits, -np.inf))
 
 
 def _every_token(hidden):
@@ -178,9 +164,9 @@ def test_full_log_prob_entropy_and_mode_match_the_float64_softmax(dtype, rtol):
     with jax.enable_x64(dtype == jnp.float64):
         hidden, unembedding, bias = _rounded(dtype, *_problem())
         logits = _logits(hidden, unembedding, bias, temperature=0.7)
-        log_probs = _log_softmax(logits)
+        log_probs = masked_log_softmax_float64(logits)
         dist = _dist(hidden, unembedding, bias, dtype, temperature=0.7)
-        _close(dist.full_entropy(), _entropy(log_probs), rtol)
+        _close(dist.full_entropy(), categorical_entropy_float64(log_probs), rtol)
         assert dist.full_entropy().dtype == dtype
         rows, tokens = _every_token(hidden)
         every = _dist(rows, unembedding, bias, dtype, temperature=0.7)
@@ -220,7 +206,7 @@ def test_truncated_support_and_scores_match_vllm_order_in_float64(name, dtype, r
         rows, tokens = _every_token(hidden)
         every = _dist(rows, unembedding, bias, dtype, temperature=0.9, **truncation)
         _close(every.log_prob(jnp.asarray(tokens)).reshape(N, V), on_support, rtol)
-        _close(dist.entropy(), _entropy(on_support), rtol)
+        _close(dist.entropy(), categorical_entropy_float64(on_support), rtol)
         scored = np.asarray(dist.support_log_probs(jnp.asarray(expected)), np.float64)
         want = np.take_along_axis(on_support, np.maximum(expected, 0), -1)
         _close(
@@ -308,8 +294,11 @@ def test_gradient_matches_float64_finite_differences():
     hidden, unembedding, bias = _problem(n=3, seed=3)
 
     def oracle(h):
-        log_probs = _log_softmax(_logits(h, unembedding, bias, temperature=1.3))
-        return log_probs[np.arange(3), [4, 17, 36]].sum() + _entropy(log_probs).sum()
+        log_probs = masked_log_softmax_float64(_logits(h, unembedding, bias, temperature=1.3))
+        return (
+            log_probs[np.arange(3), [4, 17, 36]].sum()
+            + categorical_entropy_float64(log_probs).sum()
+        )
 
     def library(h):
         dist = _dist(h, unembedding, bias, jnp.float64, temperature=1.3)
@@ -341,18 +330,18 @@ def test_gradient_matches_float64_finite_differences():
 def test_block_layouts_give_the_oracle(n, block):
     hidden, unembedding, bias = _problem(n=n, seed=4)
     logits = _logits(*_rounded(jnp.float32, hidden, unembedding, bias))
-    log_probs = _log_softmax(logits)
+    log_probs = masked_log_softmax_float64(logits)
     truncation = dict(top_k=6, top_p=0.9, max_kept=8)
     expected, margin = _oracle_supports(logits, **truncation)
     assert margin > 1e-4
     dist = _dist(hidden, unembedding, bias, block=block)
-    _close(dist.full_entropy(), _entropy(log_probs), 1e-5)
+    _close(dist.full_entropy(), categorical_entropy_float64(log_probs), 1e-5)
     tokens = np.arange(n) * 7 % V
     _close(dist.full_log_prob(jnp.asarray(tokens)), log_probs[np.arange(n), tokens], 1e-5)
     np.testing.assert_array_equal(dist.mode(), np.argmax(logits, -1))
     truncated = _dist(hidden, unembedding, bias, block=block, **truncation)
     np.testing.assert_array_equal(truncated.support(), expected)
-    _close(truncated.entropy(), _entropy(_on_support(logits, expected)), 1e-5)
+    _close(truncated.entropy(), categorical_entropy_float64(_on_support(logits, expected)), 1e-5)
     grad = jax.grad(lambda b: _dist(hidden, unembedding, b, block=block).full_entropy().sum())(
         jnp.asarray(bias, jnp.float32)
     )
@@ -424,7 +413,7 @@ def test_a_temperature_near_zero_collapses_the_support_without_nan():
     assert np.all(np.isfinite(full)) and np.all(full < -10)
     np.testing.assert_allclose(
         full,
-        _log_softmax(logits / 1e-3)[np.arange(N), (argmax + 1) % V],
+        masked_log_softmax_float64(logits / 1e-3)[np.arange(N), (argmax + 1) % V],
         rtol=1e-5,
     )
     assert np.isfinite(np.asarray(dist.full_entropy())).all()
@@ -457,8 +446,10 @@ def test_a_large_temperature_gives_the_oracle():
     assert margin > 1e-4
     dist = _dist(hidden, unembedding, bias, temperature=100.0, **truncation)
     np.testing.assert_array_equal(dist.support(), expected)
-    _close(dist.full_entropy(), _entropy(_log_softmax(logits)), 1e-5)
-    _close(dist.entropy(), _entropy(_on_support(logits, expected)), 1e-5)
+    _close(
+        dist.full_entropy(), categorical_entropy_float64(masked_log_softmax_float64(logits)), 1e-5
+    )
+    _close(dist.entropy(), categorical_entropy_float64(_on_support(logits, expected)), 1e-5)
 
 
 @pytest.mark.parametrize("shared", [slow(True, id="shared"), slow(False, id="per-row")])
@@ -476,7 +467,7 @@ def test_forbidden_tokens_have_probability_zero_and_a_forbidden_row_is_nan(share
         mask[:, 0] = False
         mask[-1] = False
     masked = np.where(mask, logits, -np.inf)
-    log_probs = _log_softmax(masked)
+    log_probs = masked_log_softmax_float64(masked)
     rows, tokens = _every_token(hidden)
     every_mask = np.repeat(mask, V, 0) if not shared else mask
     every = _dist(rows, unembedding, bias, mask=jnp.asarray(every_mask))
@@ -486,7 +477,7 @@ def test_forbidden_tokens_have_probability_zero_and_a_forbidden_row_is_nan(share
     live = ~forbidden.all(-1)
     assert np.all(got[forbidden & live[:, None]] == -np.inf)
     dist = _dist(hidden, unembedding, bias, mask=jnp.asarray(mask))
-    _close(dist.full_entropy(), _entropy(log_probs), 1e-5)
+    _close(dist.full_entropy(), categorical_entropy_float64(log_probs), 1e-5)
     np.testing.assert_array_equal(np.asarray(dist.mode())[live], np.argmax(masked, -1)[live])
     truncated = _dist(hidden, unembedding, bias, mask=jnp.asarray(mask), top_p=0.9, max_kept=16)
     support = np.asarray(truncated.support())
@@ -532,12 +523,12 @@ def test_bfloat16_unembedding_accumulates_in_float32():
     rounded = np.asarray(weights.astype(jnp.float32), np.float64)
     hidden32, bias32 = _rounded(jnp.float32, hidden, bias)
     logits = _logits(hidden32, rounded, bias32)
-    log_probs = _log_softmax(logits)
+    log_probs = masked_log_softmax_float64(logits)
     dist = TokenCategorical(
         jnp.asarray(hidden, jnp.float32), weights, jnp.asarray(bias, jnp.float32), block=BLOCK
     )
     assert dist.full_entropy().dtype == jnp.float32
-    _close(dist.full_entropy(), _entropy(log_probs), 1e-5)
+    _close(dist.full_entropy(), categorical_entropy_float64(log_probs), 1e-5)
     tokens = np.arange(N) * 3
     _close(dist.full_log_prob(jnp.asarray(tokens)), log_probs[np.arange(N), tokens], 1e-5)
     truncation = dict(top_k=5, top_p=0.9, max_kept=8)
@@ -547,7 +538,7 @@ def test_bfloat16_unembedding_accumulates_in_float32():
         jnp.asarray(hidden, jnp.float32), weights, jnp.asarray(bias, jnp.float32), **truncation
     )
     np.testing.assert_array_equal(truncated.support(), expected)
-    _close(truncated.entropy(), _entropy(_on_support(logits, expected)), 1e-5)
+    _close(truncated.entropy(), categorical_entropy_float64(_on_support(logits, expected)), 1e-5)
 
     def loss(h, w):
         d = TokenCategorical(h, w, jnp.asarray(bias, jnp.float32), block=BLOCK)
@@ -686,7 +677,7 @@ def test_replay_gives_the_sampled_log_prob_bit_for_bit():
     assert np.all(np.exp(np.asarray(_replay_jitted(*args, stored)) - np.asarray(log_prob)) == 1.0)
     # Scored on the whole vocabulary instead, the ratio is the kept mass.
     logits = _logits(*_rounded(jnp.float32, hidden, unembedding, bias))
-    full = np.exp(_log_softmax(logits))
+    full = np.exp(masked_log_softmax_float64(logits))
     support = np.asarray(data["support"])
     kept_mass = np.where(support >= 0, np.take_along_axis(full, np.maximum(support, 0), -1), 0)
     kept_mass = kept_mass.sum(-1)
@@ -743,7 +734,7 @@ def test_samples_follow_the_truncated_probabilities(draws, truncation):
         support, _ = _oracle_supports(logits, **truncation)
         probs = np.exp(_on_support(logits, support))[0]
     else:
-        probs = np.exp(_log_softmax(logits))[0]
+        probs = np.exp(masked_log_softmax_float64(logits))[0]
     drawn, data = _frequencies(
         lambda n: _dist(np.repeat(hidden, n, 0), unembedding, bias, temperature=1.2, **truncation),
         draws,

@@ -10,6 +10,8 @@ costs a compilation per squashing, the default tier runs it for some of them and
 slow tier for all.
 """
 
+import functools
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -20,8 +22,10 @@ from jax.experimental import checkify
 
 import samplers
 from tests._tiers import JIT_MODES, SLOW, each_value_once
+from tests.helpers import head_outputs, normal_inputs
 
 A = 3
+_inputs = functools.partial(normal_inputs, width=2 * A, scale=3.0)
 ENTROPY_WEIGHT = 0.01
 MIN_STD = 1e-3
 STD_SCALE = 1.0
@@ -55,18 +59,8 @@ def _sampler(kind, seed=0, entropy_weight=ENTROPY_WEIGHT, **options):
     )
 
 
-def _inputs(shape=(4,), seed=0, dtype=jnp.float32):
-    return (3.0 * jax.random.normal(jax.random.key(seed), (*shape, 2 * A))).astype(dtype)
-
-
-def _flat(out):
-    return {
-        "action": out.output["action"],
-        "log_likelihood": out.output["log_likelihood"],
-        "rollout_extras": out.rollout_extras,
-        "regularization_loss": out.regularization_loss,
-        **{f"metrics/{k}": v for k, v in out.metrics.items()},
-    }
+def _outputs_and_all_metrics(out):
+    return {**head_outputs(out), **{f"metrics/{k}": v for k, v in out.metrics.items()}}
 
 
 def _rollout_and_replay(sampler, mean_and_std, deterministic=False):
@@ -89,7 +83,7 @@ def test_rollout_and_replay_never_invert_the_squashing(kind, jitted, monkeypatch
     for method in ("inverse", "inverse_and_log_det", "inverse_log_det_jacobian"):
         monkeypatch.setattr(inner, method, refuse)
     call = nnx.jit(lambda s, *args: s((), *args)) if jitted else (lambda s, *args: s((), *args))
-    mean_and_std = _inputs(seed=1) * 5.0  # saturated pre-images too
+    mean_and_std = _inputs((4,), seed=1) * 5.0  # saturated pre-images too
     for deterministic in (False, True):
         sampler.set_attributes(deterministic=deterministic)
         rollout = call(sampler, mean_and_std)
@@ -156,7 +150,10 @@ def test_non_finite_parameters_reach_that_batch_element_only(kind, deterministic
     bad, others = np.arange(len(POISONS)), np.arange(len(POISONS), len(POISONS) + 2)
     for expected_out, actual_out in zip(expected, actual, strict=True):
         assert not np.any(np.isfinite(actual_out.output["log_likelihood"][bad]))
-        expected_flat, actual_flat = _flat(expected_out), _flat(actual_out)
+        expected_flat, actual_flat = (
+            _outputs_and_all_metrics(expected_out),
+            _outputs_and_all_metrics(actual_out),
+        )
         assert set(expected_flat) == set(actual_flat)
         for name, array in expected_flat.items():
             np.testing.assert_array_equal(actual_flat[name][others], array[others], err_msg=name)
@@ -195,7 +192,7 @@ def _sampler_inputs(name, mean_and_std):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 def test_low_precision_parameters_compute_in_float32_in_every_sampler(dtype):
     """Every output is float32 and equals, bit for bit, the call on the float32 upcast."""
-    low = _inputs(dtype=dtype)
+    low = _inputs((4,)).astype(dtype)
     for name, sampler in _all_samplers().items():
         upcast_sampler = _all_samplers()[name]
         for deterministic in (False, True):
@@ -204,10 +201,13 @@ def test_low_precision_parameters_compute_in_float32_in_every_sampler(dtype):
                 upcast_sampler, _sampler_inputs(name, low.astype(jnp.float32)), deterministic
             )
             for ours_out, upcast_out in zip(ours, upcast, strict=True):
-                for field, array in _flat(upcast_out).items():
-                    assert _flat(ours_out)[field].dtype == jnp.float32, (name, field)
+                for field, array in _outputs_and_all_metrics(upcast_out).items():
+                    assert _outputs_and_all_metrics(ours_out)[field].dtype == jnp.float32, (
+                        name,
+                        field,
+                    )
                     np.testing.assert_array_equal(
-                        _flat(ours_out)[field], array, err_msg=f"{name} {field}"
+                        _outputs_and_all_metrics(ours_out)[field], array, err_msg=f"{name} {field}"
                     )
 
 
@@ -238,12 +238,18 @@ def _loss_float64(kind, mean_and_std, pre_image, entropy_noise):
     return jnp.sum(log_likelihood - ENTROPY_WEIGHT * entropy), (log_likelihood, entropy)
 
 
+# The oracle and its gradient, one program per squashing and shapes.
+_oracle_value_and_grad = jax.jit(
+    jax.value_and_grad(_loss_float64, argnums=1, has_aux=True), static_argnums=0
+)
+
+
 # Guarantees, "under jax_enable_x64 everything is float64 and matches the
 # float64 closed form to 1e-12": values, entropy cost and gradients, every sampler.
 @pytest.mark.parametrize("kind", _kinds("tanh", "sigmoid"))
 def test_float64_values_entropy_and_gradients_match_float64_formulas_to_1e_12(kind):
     with jax.enable_x64(True):
-        mean_and_std = _inputs(dtype=jnp.float64)
+        mean_and_std = _inputs((4,)).astype(jnp.float64)
         # Stored pre-images, saturated ones included (|x| >= 10).
         stored = jnp.array(
             [[0.3, -1.2, 2.0], [10.0, -20.0, 50.0], [-10.0, 20.0, -50.0], [4.0, 0.0, -7.5]],
@@ -259,9 +265,9 @@ def test_float64_values_entropy_and_gradients_match_float64_formulas_to_1e_12(ki
         (_, out), grad = nnx.value_and_grad(loss, argnums=1, has_aux=True)(sampler, mean_and_std)
         stream()
         noise = jax.random.normal(stream(), stored.shape, jnp.float64)
-        (_, (log_likelihood, entropy)), expected_grad = jax.value_and_grad(
-            _loss_float64, argnums=1, has_aux=True
-        )(kind, mean_and_std, stored, noise)
+        (_, (log_likelihood, entropy)), expected_grad = _oracle_value_and_grad(
+            kind, mean_and_std, stored, noise
+        )
 
         for leaf in (*jax.tree.leaves(out), grad):
             assert leaf.dtype == jnp.float64, leaf.dtype
@@ -272,7 +278,7 @@ def test_float64_values_entropy_and_gradients_match_float64_formulas_to_1e_12(ki
         rollout = _sampler(kind, seed=6)((), mean_and_std)
         for leaf in jax.tree.leaves(rollout):
             assert leaf.dtype == jnp.float64, leaf.dtype
-        (_, (log_likelihood, _)), _ = jax.value_and_grad(_loss_float64, argnums=1, has_aux=True)(
+        (_, (log_likelihood, _)), _ = _oracle_value_and_grad(
             kind, mean_and_std, rollout.rollout_extras, noise
         )
         np.testing.assert_allclose(rollout.output["log_likelihood"], log_likelihood, rtol=1e-12)
@@ -281,7 +287,7 @@ def test_float64_values_entropy_and_gradients_match_float64_formulas_to_1e_12(ki
 def test_state_independent_sampler_is_float64_under_x64():
     with jax.enable_x64(True):
         sampler = samplers.StateIndependentSampler(nnx.Rngs(0), A, ENTROPY_WEIGHT)
-        mean = _inputs(dtype=jnp.float64)[..., :A]
+        mean = _inputs((4,)).astype(jnp.float64)[..., :A]
         rollout = sampler((), mean)
         replay = sampler((), mean, rollout.rollout_extras)
         for leaf in (*jax.tree.leaves(rollout), *jax.tree.leaves(replay)):

@@ -21,7 +21,7 @@ def _legal_targets(prefix):
     return LEGAL[prefix["unit"]]
 
 
-def _head(entropy="exact", move=True):
+def _unit_and_target_head(entropy="exact", move=True):
     """A unit, a target legal for it, and (with ``move``) a squashed Normal move."""
     rngs = nnx.Rngs(0)
     steps = {
@@ -47,7 +47,7 @@ MASK = {
 
 @pytest.mark.parametrize("entropy", ["exact", slow("along_sample")])
 def test_replay_reproduces_the_rollout_bit_for_bit_and_the_cost_is_the_distributions(entropy):
-    head = _head(entropy)
+    head = _unit_and_target_head(entropy)
     x = _features()
 
     @nnx.jit
@@ -86,7 +86,7 @@ def test_replay_reproduces_the_rollout_bit_for_bit_and_the_cost_is_the_distribut
 
 @pytest.mark.slow
 def test_masked_choices_get_exactly_zero_gradient_and_the_replay_draws_no_key():
-    head = _head(move=False)
+    head = _unit_and_target_head(move=False)
     x = _features()
     out = nnx.jit(lambda head, x: head((), x, mask=MASK))(head, x)
     count = sum(int(c) for c in jax.tree.leaves(nnx.state(head, nnx.RngCount)))
@@ -118,7 +118,7 @@ def test_masked_choices_get_exactly_zero_gradient_and_the_replay_draws_no_key():
 
 @pytest.mark.slow
 def test_greedy_eval_takes_the_most_probable_sub_action_at_each_step():
-    head = _head()
+    head = _unit_and_target_head()
     x = _features()
     head.eval()
     out = nnx.jit(lambda head, x: head((), x, mask=MASK))(head, x)
@@ -208,7 +208,7 @@ def test_bad_options_and_masks_are_refused_by_name():
         _head_with(max_prefixes=2)
     with pytest.raises(TypeError, match="non-empty dict of heads"):
         samplers.AutoregressiveSampler([], features=F, entropy_weight=0.1, rngs=rngs)
-    head = _head()
+    head = _unit_and_target_head()
     with pytest.raises(ValueError, match=r"mask has names \['tgt'\]"):
         head((), _features(), mask={"tgt": LEGAL})
     with pytest.raises(ValueError, match="expects features of shape"):

@@ -19,55 +19,31 @@ from samplers.distributions.beta import SquashedBeta
 from samplers.distributions.constructors import squashed_beta
 from samplers.heads.beta import BetaSampler
 from tests._tiers import each_value_once, slow
+from tests.helpers import (
+    TRACES,
+    clones_of,
+    jitted_call,
+    keys_drawn,
+    normal_inputs,
+    stateless_call,
+)
 
 A = 3
 LOW = np.array([-2.0, 0.0, 1.0], np.float32)
 HIGH = np.array([2.0, 1.0, 1000.0], np.float32)
 OPTIONS = {"entropy_weight": 0.01, "low": LOW, "high": HIGH}
-
-
-@functools.cache
-def _template():
-    return BetaSampler(nnx.Rngs(0), **OPTIONS)
-
-
-def _head():
-    """A new head, as ``BetaSampler(nnx.Rngs(0), **OPTIONS)`` builds it. Clones of one head
-    share its static configuration (the bounds, compared by identity), so ``nnx.jit``
-    compiles each program once for all the tests."""
-    return nnx.clone(_template())
-
-
-def _inputs(batch_shape, scale=2.0, seed=0):
-    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
-
-
-def _count(rngs):
-    return int(rngs.default.count[...])
-
-
-# One jitted call shared by the tests (a program per head configuration and shapes),
-# counting its traces.
-TRACES = {"step": 0}
-
-
-@nnx.jit
-def _step(head, *args):
-    TRACES["step"] += 1
-    return head((), *args)
-
-
-def _call(jitted):
-    return _step if jitted else (lambda head, *args: head((), *args))
+_inputs = functools.partial(normal_inputs, width=2 * A, scale=2.0)
+# New heads as ``BetaSampler(nnx.Rngs(0), **OPTIONS)`` builds them, sharing its programs.
+_beta_head = clones_of(lambda: BetaSampler(nnx.Rngs(0), **OPTIONS))
 
 
 @pytest.mark.parametrize(
     "batch_shape", [slow((), id="(A,)"), pytest.param((4,), id="(B,A)"), slow((3, 4), id="(T,B,A)")]
 )
 def test_outputs_are_the_distributions(batch_shape):
-    head = _head()
+    head = _beta_head()
     params = _inputs(batch_shape)
-    out = _step(head, params)
+    out = jitted_call(head, (), params)
     dist = squashed_beta(params, LOW, HIGH)
     pre_image = out.rollout_extras
     assert pre_image.shape == out.output["action"].shape == (*batch_shape, A)
@@ -101,9 +77,9 @@ SATURATING = jnp.array([[-30.0, 0.3, 1e10, 1e10, 0.0, -30.0]] * 4)
     )
 )
 def test_replay_reproduces_the_rollout_log_likelihood_bit_for_bit(jitted, deterministic):
-    head = _head()
+    head = _beta_head()
     head.set_attributes(deterministic=deterministic)
-    call = _call(jitted)
+    call = stateless_call(jitted)
     params = jnp.concatenate([_inputs((4,), scale=3.0)[:2], SATURATING[:2]])
     rollout = call(head, params)
     replay = call(head, params, rollout.rollout_extras)
@@ -113,7 +89,7 @@ def test_replay_reproduces_the_rollout_log_likelihood_bit_for_bit(jitted, determ
 
 
 def test_an_action_on_a_bound_is_scored_from_its_pre_image_and_replayed_in_the_loss():
-    head = _head()
+    head = _beta_head()
     rollout = head((), SATURATING)
     action, pre_image = rollout.output["action"], rollout.rollout_extras
     # a = 1, b = 1e10 on the lower bound; a = 1e10, b = 1 on the upper one.
@@ -162,20 +138,20 @@ def test_an_action_on_a_bound_is_scored_from_its_pre_image_and_replayed_in_the_l
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
 def test_only_a_fresh_sample_draws_keys(deterministic):
-    head = _head()
+    head = _beta_head()
     head.set_attributes(deterministic=deterministic)
     params = _inputs((4,))
     rollout = head((), params)
-    after_rollout = _count(head.rng)
+    after_rollout = keys_drawn(head)
     head((), params, rollout.rollout_extras)
     # A sample draws its key and one more, as every head does; the exact entropy
     # needs none, so an eval call and a replay draw nothing.
     assert after_rollout == (0 if deterministic else 2)
-    assert _count(head.rng) == after_rollout
+    assert keys_drawn(head) == after_rollout
 
 
 def test_eval_acts_with_the_mean_and_train_samples_again():
-    head = _head()
+    head = _beta_head()
     params = _inputs((4,))
     dist = squashed_beta(params, LOW, HIGH)
     head.eval()
@@ -205,7 +181,7 @@ def test_reparameterized_keeps_the_pathwise_gradient_of_the_action():
     pathwise = BetaSampler(nnx.Rngs(0), **OPTIONS, reparameterized=True)
     grad = _action_grad(pathwise, params)
     assert jnp.all(grad != 0) and jnp.all(jnp.isfinite(grad))
-    constant = _head()
+    constant = _beta_head()
     np.testing.assert_array_equal(_action_grad(constant, params), 0.0)
     # eval, TD3-style: d/d raw of low + (high - low) a / (a + b), a = 1 + softplus(raw).
     mean_grad = np.asarray(_action_grad(pathwise, params, True))
@@ -238,14 +214,14 @@ def test_reparameterized_gradient_is_the_distributions_pathwise_gradient():
 
 
 def test_nnx_jit_does_not_retrace_on_repeated_calls():
-    head = _head()
-    rollout = _step(head, _inputs((4,)))
-    _step(head, _inputs((4,)), rollout.rollout_extras)
-    traces = TRACES["step"]
+    head = _beta_head()
+    rollout = jitted_call(head, (), _inputs((4,)))
+    jitted_call(head, (), _inputs((4,)), rollout.rollout_extras)
+    traces = len(TRACES)
     for seed in range(4):
-        _step(head, _inputs((4,), seed=seed), rollout.rollout_extras)
-        _step(head, _inputs((4,), seed=seed))
-    assert TRACES["step"] == traces
+        jitted_call(head, (), _inputs((4,), seed=seed), rollout.rollout_extras)
+        jitted_call(head, (), _inputs((4,), seed=seed))
+    assert len(TRACES) == traces
 
 
 def test_per_env_streams_split_each_environments_key_and_replay_alike():
@@ -262,7 +238,7 @@ def test_per_env_streams_split_each_environments_key_and_replay_alike():
     np.testing.assert_array_equal(replay.output["log_likelihood"], rollout.output["log_likelihood"])
     # A replay needs no noise: it hands the keys back as it got them.
     np.testing.assert_array_equal(jax.random.key_data(replay.next_state), jax.random.key_data(keys))
-    assert _count(head.rng) == 1  # initialize_state drew one key; calls draw none
+    assert keys_drawn(head) == 1  # initialize_state drew one key; calls draw none
 
 
 @pytest.mark.slow
@@ -295,7 +271,7 @@ def test_per_env_streams_draw_each_environment_from_its_own_key():
     ],
 )
 def test_a_stored_pre_image_of_the_wrong_shape_or_fewer_bits_is_refused(extras, error, message):
-    head = _head()
+    head = _beta_head()
     with pytest.raises(error, match=message):
         head((), _inputs((4,)), extras)
 

@@ -9,7 +9,6 @@ operations for these shapes, the variants reuse them, where each traced variant 
 compile a program of its own."""
 
 import dataclasses
-import functools
 import zlib
 
 import distrax
@@ -27,6 +26,13 @@ from samplers.heads.distribution_sampler import DistributionSampler
 from samplers.heads.functional import functional
 from samplers.heads.squashed_normal import SquashedNormalSampler
 from tests._tiers import SLOW, slow
+from tests.helpers import eager_call, jitted_call
+from tests.reference import (
+    categorical_entropy_float64,
+    masked_log_softmax_float64,
+    softplus_std_float64,
+    tanh_normal_log_prob_float64,
+)
 
 B = 8
 WEIGHT = 0.1
@@ -115,17 +121,6 @@ def _slices(params, sizes):
     return dict(zip(sizes, np.split(params, ends[:-1], axis=-1), strict=True))
 
 
-@functools.partial(nnx.jit, static_argnames=("deterministic",))
-def _call(head, state, params, extras=None, mask=None, deterministic=None):
-    """``head(state, params, extras, mask=mask)`` under ``nnx.jit``; no ``mask=`` when it
-    is None, as the squashed heads take none."""
-    options = {} if mask is None else {"mask": mask}
-    return head(state, params, extras, deterministic=deterministic, **options)
-
-
-_eager = _call.__wrapped__
-
-
 def _close(a, b):
     """The two pytrees have the same structure and leaves within an ulp or so."""
     assert jax.tree.structure(a) == jax.tree.structure(b)
@@ -144,7 +139,7 @@ def _equal(a, b):
 
 @pytest.mark.parametrize("jitted", EAGER_OR_JIT)
 def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted):
-    call = _call if jitted else _eager
+    call = jitted_call if jitted else eager_call
     # The parts are built with another stream, which the composite does not use.
     head = CompositeSampler(_parts(nnx.Rngs(7)), rngs=nnx.Rngs(0))
     assert head.num_params == sum(SIZES.values()) == 11
@@ -192,7 +187,7 @@ def test_each_part_is_the_part_alone_with_its_stream_and_the_sum_is_exact(jitted
 
 @pytest.mark.parametrize("jitted", EAGER_OR_JIT)
 def test_replay_is_bit_for_bit_and_new_params_for_one_part_change_its_ratio_alone(jitted):
-    call = _call if jitted else _eager
+    call = jitted_call if jitted else eager_call
     head = CompositeSampler(_parts(nnx.Rngs(0)), rngs=nnx.Rngs(0))
     params, masks = _params(11), _masks()
     out = call(head, (), params, mask=masks)
@@ -223,13 +218,14 @@ def test_parts_are_sliced_in_the_given_order_not_the_sorted_one():
     params = np.zeros((B, 7), np.float32)
     params[:, 2] = 50.0  # "z" (first) chooses 2; "a"'s bits are 1
     params[:, 4:] = 50.0
-    out = _eager(head, (), params)
+    out = eager_call(head, (), params)
     np.testing.assert_array_equal(out.output["action"]["z"], 2)
     np.testing.assert_array_equal(out.output["action"]["a"], 1)
     # A replay looks the parts up by name, whatever order the stored dict has.
     extras = dict(sorted(out.rollout_extras.items()))
     _equal(
-        _eager(head, (), params, extras).output["log_likelihoods"], out.output["log_likelihoods"]
+        eager_call(head, (), params, extras).output["log_likelihoods"],
+        out.output["log_likelihoods"],
     )
     # A list of parts is a tuple.
     assert isinstance(CompositeSampler([_fire(nnx.Rngs(0))], rngs=nnx.Rngs(0)).parts, tuple)
@@ -252,9 +248,9 @@ def test_a_part_s_noise_depends_on_its_name_alone():
         rngs=nnx.Rngs(0),
     )
     params = _slices(_params(11), SIZES)
-    a = _eager(head, (), np.concatenate(list(params.values()), -1))
+    a = eager_call(head, (), np.concatenate(list(params.values()), -1))
     extra = _params(2, 3)
-    b = _eager(other, (), np.concatenate([params["buttons"], extra, params["fire"]], -1))
+    b = eager_call(other, (), np.concatenate([params["buttons"], extra, params["fire"]], -1))
     for name in ("fire", "buttons"):
         _equal(a.output["action"][name], b.output["action"][name])
         _equal(a.output["log_likelihoods"][name], b.output["log_likelihoods"][name])
@@ -273,7 +269,7 @@ def test_a_part_s_noise_depends_on_its_name_alone():
     assert not np.array_equal(*draws)
     # One nnx.RngStream serves as rngs too: its first key.
     from_stream = CompositeSampler(_parts(nnx.Rngs(1)), rngs=nnx.Rngs(0).default)
-    c = _eager(from_stream, (), np.concatenate(list(params.values()), -1))
+    c = eager_call(from_stream, (), np.concatenate(list(params.values()), -1))
     _equal(c.output["action"], a.output["action"])
 
 
@@ -285,7 +281,7 @@ def test_eval_and_train_reach_every_part_and_a_call_s_deterministic_reaches_all(
     aim_mode = LOW + (HIGH - LOW) * special.expit(2 * params[:, 4:6].astype(np.float64))
 
     def by_mode(deterministic=None):
-        out = _eager(head, (), params, deterministic=deterministic)
+        out = eager_call(head, (), params, deterministic=deterministic)
         fire = np.array_equal(out.output["action"]["inner"]["fire"], fire_mode)
         aim = np.allclose(out.output["action"]["aim"], aim_mode, rtol=1e-6, atol=1e-6)
         return fire, aim
@@ -318,12 +314,12 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_its_place_in_
     def permuted(tree):
         return jax.tree.map(lambda x: x[order], tree)
 
-    whole = _eager(head, state, params, mask=masks)
-    shuffled = _eager(head, permuted(state), params[order], mask=permuted(masks))
+    whole = eager_call(head, state, params, mask=masks)
+    shuffled = eager_call(head, permuted(state), params[order], mask=permuted(masks))
     _equal(shuffled.output["action"], permuted(whole.output["action"]))
     _equal(shuffled.next_state, permuted(whole.next_state))
     _equal(head.reset_state(whole.next_state), whole.next_state)
-    later = _eager(head, whole.next_state, params, mask=masks)
+    later = eager_call(head, whole.next_state, params, mask=masks)
     assert not np.array_equal(later.output["action"]["fire"], whole.output["action"]["fire"])
     with pytest.raises(TypeError, match="per_env_streams=True the state must be one key"):
         head((), params, mask=masks)
@@ -337,9 +333,9 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_its_place_in_
 def test_per_env_streams_an_environment_s_samples_do_not_depend_on_the_batch_split():
     head = CompositeSampler(_parts(nnx.Rngs(0), per_env_streams=True), rngs=nnx.Rngs(0))
     state, params, masks = head.initialize_state(B), _params(11, 5), _masks(5)
-    whole = _call(head, state, params, mask=masks)
+    whole = jitted_call(head, state, params, mask=masks)
     halves = [
-        _call(
+        jitted_call(
             head,
             state[s],
             params[s],
@@ -355,7 +351,7 @@ def test_per_env_streams_an_environment_s_samples_do_not_depend_on_the_batch_spl
             joined["log_likelihoods"][name], whole.output["log_likelihoods"][name], rtol=1e-6
         )
     # The replay with the rollout's state replays the entropy noise too.
-    again = _call(head, state, params, whole.rollout_extras, mask=masks)
+    again = jitted_call(head, state, params, whole.rollout_extras, mask=masks)
     _equal(again.output["log_likelihoods"], whole.output["log_likelihoods"])
     _equal(again.regularization_loss, whole.regularization_loss)
 
@@ -564,22 +560,6 @@ def test_a_part_s_log_likelihood_that_is_not_one_value_per_batch_element_is_refu
         head((), _params(8))
 
 
-def _log_density_tanh(x, mean, raw_std, low=-1.0, high=1.0):
-    """float64 log-density of ``low + (high - low) * sigmoid(2x)`` at the pre-image ``x``,
-    ``x ~ N(mean, softplus(raw_std) + 1e-3)``, summed over the last axis."""
-    x, mean, raw_std = (np.asarray(a, np.float64) for a in (x, mean, raw_std))
-    std = np.logaddexp(0.0, raw_std) + 1e-3
-    log_det = np.log((high - low) / 2) + np.log(4.0) - 2 * np.logaddexp(x, -x)
-    return np.sum(stats.norm.logpdf(x, mean, std) - log_det, axis=-1)
-
-
-def _log_softmax(logits, mask=None):
-    logits = np.asarray(logits, np.float64)
-    if mask is not None:
-        logits = np.where(mask, logits, -np.inf)
-    return logits - special.logsumexp(logits, axis=-1, keepdims=True)
-
-
 def _hybrid(rngs=None):
     """Four discrete actions whose parameters are the composite tests' parts (so that
     eager calls reuse their compiled operations): two bounded, 3 bits, a choice of 4, two
@@ -599,7 +579,7 @@ def test_the_parameterized_log_likelihood_is_the_choice_s_plus_the_chosen_densit
     params = _params(19, 7)
     mask = np.ones((B, 4), bool)
     mask[::2, 1] = False  # even rows may not choose action 1
-    out = _eager(head, (), params, mask=mask)
+    out = eager_call(head, (), params, mask=mask)
     choice = np.asarray(out.output["action"]["choice"])
     assert set(choice[::2]) <= {0, 2, 3} and len(set(choice)) >= 3
     pieces = _slices(params, H_SIZES)
@@ -607,7 +587,9 @@ def test_the_parameterized_log_likelihood_is_the_choice_s_plus_the_chosen_densit
     bits = np.asarray(actions[1])
     densities = np.stack(
         [
-            _log_density_tanh(extras[0], pieces["0"][:, :2], pieces["0"][:, 2:], LOW, HIGH),
+            tanh_normal_log_prob_float64(
+                extras[0], pieces["0"][:, :2], softplus_std_float64(pieces["0"][:, 2:]), LOW, HIGH
+            ),
             np.sum(
                 np.where(
                     bits == 1,
@@ -616,14 +598,18 @@ def test_the_parameterized_log_likelihood_is_the_choice_s_plus_the_chosen_densit
                 ),
                 -1,
             ),
-            np.take_along_axis(_log_softmax(pieces["2"]), np.asarray(actions[2])[:, None], -1)[
-                :, 0
-            ],
-            _log_density_tanh(extras[3], pieces["3"][:, :2], pieces["3"][:, 2:], LOW, HIGH),
+            np.take_along_axis(
+                masked_log_softmax_float64(pieces["2"]), np.asarray(actions[2])[:, None], -1
+            )[:, 0],
+            tanh_normal_log_prob_float64(
+                extras[3], pieces["3"][:, :2], softplus_std_float64(pieces["3"][:, 2:]), LOW, HIGH
+            ),
         ],
         -1,
     )
-    log_p = np.take_along_axis(_log_softmax(pieces["choice"], mask), choice[:, None], -1)[:, 0]
+    log_p = np.take_along_axis(
+        masked_log_softmax_float64(pieces["choice"], mask), choice[:, None], -1
+    )[:, 0]
     chosen = densities[np.arange(B), choice]
     np.testing.assert_allclose(out.output["log_likelihood"], log_p + chosen, rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(out.output["log_likelihoods"]["choice"], log_p, rtol=2e-6, atol=2e-7)
@@ -646,13 +632,13 @@ def test_the_parameterized_log_likelihood_is_the_choice_s_plus_the_chosen_densit
     _equal(out.output["log_likelihoods"]["parameters"], chosen_alone)
     _equal(out.output["log_likelihood"], np.asarray(alone.output["log_likelihood"]) + chosen_alone)
     # Replay, bit for bit.
-    again = _eager(head, (), params, out.rollout_extras, mask=mask)
+    again = eager_call(head, (), params, out.rollout_extras, mask=mask)
     _equal(again.output, out.output)
     # A stored choice that the replay's mask forbids scores -inf (a PPO ratio of 0).
     forbid_first = np.ones((B, 4), bool)
     forbid_first[:, 0] = False
     refused = np.asarray(
-        _eager(head, (), params, out.rollout_extras, mask=forbid_first).output["log_likelihood"]
+        eager_call(head, (), params, out.rollout_extras, mask=forbid_first).output["log_likelihood"]
     )
     assert 0 < np.sum(choice == 0) < B
     assert np.all(refused[choice == 0] == -np.inf) and np.all(np.isfinite(refused[choice != 0]))
@@ -690,11 +676,6 @@ def _gradients(head, params, mask):
     return out, log_likelihood_grad, regularization_grad, loss
 
 
-def _entropy(log_p):
-    p = np.exp(log_p)
-    return -np.sum(np.where(p > 0, p * np.where(p > 0, log_p, 0.0), 0.0), -1)
-
-
 C_SIZES = (3, 2, 2, 3)
 
 
@@ -717,7 +698,7 @@ def test_unchosen_parameters_get_exactly_zero_gradient_and_the_entropy_is_the_jo
     logits, normal, bits, third = (
         np.asarray(a, np.float64) for a in _slices(params, dict(enumerate(C_SIZES))).values()
     )
-    log_p = _log_softmax(logits, mask)
+    log_p = masked_log_softmax_float64(logits, mask)
     p = np.exp(log_p)
     np.testing.assert_allclose(grad[:, :3], np.eye(3)[choice] - p, rtol=1e-5, atol=1e-6)
     # The entropy: -w H(K, theta_K) = -w (H(K) + sum_k p_k H(theta_k)), in float64.
@@ -725,12 +706,12 @@ def test_unchosen_parameters_get_exactly_zero_gradient_and_the_entropy_is_the_jo
     entropies = np.stack(
         [
             stats.norm.entropy(normal[:, 0], np.logaddexp(0.0, normal[:, 1]) + 1e-3),
-            _entropy(bit_log_p).sum(-1),
-            _entropy(_log_softmax(third)),
+            categorical_entropy_float64(bit_log_p).sum(-1),
+            categorical_entropy_float64(masked_log_softmax_float64(third)),
         ],
         -1,
     )
-    choice_entropy = _entropy(log_p)
+    choice_entropy = categorical_entropy_float64(log_p)
     joint = choice_entropy + np.sum(p * entropies, -1)
     np.testing.assert_allclose(loss, -WEIGHT * joint, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(out.regularization_loss, loss, rtol=1e-6)
@@ -772,7 +753,7 @@ def test_the_joint_entropy_is_minus_the_mean_log_likelihood_of_the_head_s_own_sa
     head = _parameterized(entropy="exact")
     n = 40000
     params = np.broadcast_to(_params(12, 10, batch=(1,)), (n, 12))
-    out = _call(head, (), params)
+    out = jitted_call(head, (), params)
     log_likelihood = np.asarray(out.output["log_likelihood"], np.float64)
     estimate, error = -log_likelihood.mean(), log_likelihood.std() / np.sqrt(n)
     exact = -float(out.regularization_loss[0]) / WEIGHT
@@ -784,7 +765,7 @@ def test_the_joint_entropy_is_minus_the_mean_log_likelihood_of_the_head_s_own_sa
 def test_the_exact_entropy_of_tanh_parameters_against_quadrature():
     head = _parameterized(entropy="exact")
     params = _params(12, 9)
-    out = _call(head, (), params)
+    out = jitted_call(head, (), params)
     logits, first, second, third = (
         np.asarray(a, np.float64) for a in _slices(params, dict(enumerate(P_SIZES))).values()
     )
@@ -808,9 +789,9 @@ def test_the_exact_entropy_of_tanh_parameters_against_quadrature():
     for b in range(B):
         entropies[b, 0] = tanh_entropy(first[b, 0], std[0][b, 0])
         entropies[b, 1] = sum(tanh_entropy(second[b, i], std[1][b, i], LOW, HIGH) for i in range(2))
-    entropies[:, 2] = _entropy(_log_softmax(third))
-    log_p = _log_softmax(logits)
-    joint = _entropy(log_p) + np.sum(np.exp(log_p) * entropies, -1)
+    entropies[:, 2] = categorical_entropy_float64(masked_log_softmax_float64(third))
+    log_p = masked_log_softmax_float64(logits)
+    joint = categorical_entropy_float64(log_p) + np.sum(np.exp(log_p) * entropies, -1)
     np.testing.assert_allclose(out.regularization_loss, -WEIGHT * joint, rtol=2e-5, atol=1e-6)
 
 
@@ -820,11 +801,11 @@ def test_parameterized_per_env_streams_and_eval():
     state = head.initialize_state(B)
     assert state.shape == (B,)
     params = _params(12, 11)
-    whole = _call(head, state, params)
-    half = _call(head, state[4:], params[4:])
+    whole = jitted_call(head, state, params)
+    half = jitted_call(head, state[4:], params[4:])
     _equal(jax.tree.map(lambda x: np.asarray(x)[4:], whole.output["action"]), half.output["action"])
     head.eval()
-    modes = _call(head, state, params).output["action"]
+    modes = jitted_call(head, state, params).output["action"]
     np.testing.assert_array_equal(modes["choice"], np.argmax(params[:, :3], -1))
     np.testing.assert_array_equal(modes["parameters"][2], np.argmax(params[:, 9:], -1))
 
@@ -855,7 +836,7 @@ def test_float64_parameters_give_the_float64_log_likelihood_and_joint_entropy():
     with jax.enable_x64():
         head = _closed_form_parameterized()
         params = _params(10, 12).astype(np.float64)
-        out = jax.tree.map(np.asarray, _eager(head, (), params))
+        out = jax.tree.map(np.asarray, eager_call(head, (), params))
     assert out.output["log_likelihood"].dtype == out.regularization_loss.dtype == np.float64
     logits, normal, bits, third = _slices(params, dict(enumerate(C_SIZES))).values()
     choice, actions = out.output["action"]["choice"], out.output["action"]["parameters"]
@@ -866,11 +847,11 @@ def test_float64_parameters_give_the_float64_log_likelihood_and_joint_entropy():
             np.sum(
                 np.where(actions[1] == 1, special.log_expit(bits), special.log_expit(-bits)), -1
             ),
-            np.take_along_axis(_log_softmax(third), actions[2][:, None], -1)[:, 0],
+            np.take_along_axis(masked_log_softmax_float64(third), actions[2][:, None], -1)[:, 0],
         ],
         -1,
     )
-    log_p = _log_softmax(logits)
+    log_p = masked_log_softmax_float64(logits)
     expected = (
         np.take_along_axis(log_p, choice[:, None], -1)[:, 0] + densities[np.arange(B), choice]
     )
@@ -879,12 +860,12 @@ def test_float64_parameters_give_the_float64_log_likelihood_and_joint_entropy():
     entropies = np.stack(
         [
             stats.norm.entropy(normal[:, 0], std),
-            _entropy(bit_log_p).sum(-1),
-            _entropy(_log_softmax(third)),
+            categorical_entropy_float64(bit_log_p).sum(-1),
+            categorical_entropy_float64(masked_log_softmax_float64(third)),
         ],
         -1,
     )
-    joint = _entropy(log_p) + np.sum(np.exp(log_p) * entropies, -1)
+    joint = categorical_entropy_float64(log_p) + np.sum(np.exp(log_p) * entropies, -1)
     np.testing.assert_allclose(out.regularization_loss, -WEIGHT * joint, rtol=1e-12, atol=1e-14)
 
 

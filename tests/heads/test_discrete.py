@@ -2,8 +2,6 @@
 ``MultiBinarySampler``: replay bit for bit, masks in rollout and replay, ``eval()``,
 per-environment streams, and the loss and metrics against float64 formulas."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +11,8 @@ from scipy import special
 
 import samplers
 from tests._tiers import SLOW, each_value_once
+from tests.helpers import TRACES, eager_call, jitted_call
+from tests.reference import masked_log_softmax_float64
 
 KINDS = ("categorical", "multi_discrete", "multi_binary")
 NUM_ACTIONS, NVEC, NUM_BITS = 4, (3, 1, 5, 2), 3
@@ -20,7 +20,7 @@ WEIGHT = 0.1
 B = 8
 
 
-def _head(kind, rngs=None, **options):
+def _discrete_head(kind, rngs=None, **options):
     rngs = nnx.Rngs(0) if rngs is None else rngs
     if kind == "categorical":
         return samplers.CategoricalSampler(rngs, WEIGHT, num_actions=NUM_ACTIONS, **options)
@@ -62,7 +62,7 @@ def _sub_actions(kind, action):
     return [action] if kind == "categorical" else [action[..., i] for i in range(action.shape[-1])]
 
 
-def _inputs(kind, batch_shape, seed=0, scale=2.0):
+def _logits_and_mask(kind, batch_shape, seed=0, scale=2.0):
     """float32 logits and a random mask that allows a choice of every sub-action."""
     rng = np.random.default_rng(seed)
     logits = (scale * rng.normal(size=(*batch_shape, NUM_PARAMS[kind]))).astype(np.float32)
@@ -75,13 +75,6 @@ def _inputs(kind, batch_shape, seed=0, scale=2.0):
     return logits, mask
 
 
-def _log_softmax(x, m):
-    """float64 log-probabilities over the allowed choices; NaN where none is allowed."""
-    some = m.any(-1, keepdims=True)
-    safe = np.where(some, np.where(m, x, -np.inf), 0.0)
-    return np.where(some, safe - special.logsumexp(safe, axis=-1, keepdims=True), np.nan)
-
-
 def _oracle(kind, logits, mask, action):
     """float64 log-likelihood of ``action``, entropy, allowed combinations and the
     probability that the unmasked logits put on forbidden choices, per batch element."""
@@ -90,7 +83,7 @@ def _oracle(kind, logits, mask, action):
     for x, m, a in zip(
         _choice_logits(kind, logits), _parts(kind, mask), _sub_actions(kind, action), strict=True
     ):
-        log_probs = _log_softmax(x, m)
+        log_probs = masked_log_softmax_float64(x, m)
         log_likelihood = log_likelihood + np.take_along_axis(log_probs, a[..., None], -1)[..., 0]
         probs = np.exp(log_probs)
         entropy = entropy - np.sum(np.where(m, probs * np.where(m, log_probs, 0.0), 0.0), -1)
@@ -125,18 +118,6 @@ def _is_allowed(kind, mask, action):
     )
 
 
-# Every trace of ``_call``; a test compares its length before and after a call.
-TRACES = []
-
-
-@functools.partial(nnx.jit, static_argnames=("deterministic",))
-def _call(head, state, logits, extras=None, mask=None, deterministic=None):
-    """``head(state, logits, extras, mask=mask)`` under ``nnx.jit``. The tests share it,
-    and most use one batch shape, so that they share its programs."""
-    TRACES.append(None)
-    return head(state, logits, extras, mask=mask, deterministic=deterministic)
-
-
 def _kinds(*fast):
     """The kinds as parameters, those not in ``fast`` in the slow tier only."""
     return [pytest.param(k, id=k, marks=() if k in fast else SLOW) for k in KINDS]
@@ -167,11 +148,11 @@ REPLAY_NAMES, REPLAY_CASES = each_value_once(
 def test_replay_with_the_same_mask_reproduces_the_log_likelihood_bit_for_bit(
     kind, batch_shape, jitted, per_env_streams
 ):
-    logits, mask = _inputs(kind, batch_shape)
-    call = _call if jitted else _call.__wrapped__
+    logits, mask = _logits_and_mask(kind, batch_shape)
+    call = jitted_call if jitted else eager_call
     rollout_rngs, replay_rngs = nnx.Rngs(0), nnx.Rngs(0)
-    rollout_head = _head(kind, rollout_rngs, per_env_streams=per_env_streams)
-    replay_head = _head(kind, replay_rngs, per_env_streams=per_env_streams)
+    rollout_head = _discrete_head(kind, rollout_rngs, per_env_streams=per_env_streams)
+    replay_head = _discrete_head(kind, replay_rngs, per_env_streams=per_env_streams)
     out = call(rollout_head, _state(rollout_head, batch_shape), logits, mask=mask)
     replay_state = _state(replay_head, batch_shape)
     drawn = int(replay_rngs.default.count[...])
@@ -200,9 +181,9 @@ def test_replay_with_the_same_mask_reproduces_the_log_likelihood_bit_for_bit(
 
 @pytest.mark.parametrize("kind", _kinds("multi_discrete"))
 def test_a_stored_action_the_replay_mask_forbids_scores_minus_inf_and_zero_ppo_gradient(kind):
-    logits, mask = _inputs(kind, (B,))
-    head = _head(kind)
-    out = _call(head, (), logits, mask=mask)
+    logits, mask = _logits_and_mask(kind, (B,))
+    head = _discrete_head(kind)
+    out = jitted_call(head, (), logits, mask=mask)
     action, old = out.rollout_extras, out.output["log_likelihood"]
     # The replay forbids element 0's stored choice of its first sub-action (and allows
     # every other choice, so that the element still has a distribution).
@@ -230,7 +211,7 @@ def test_a_stored_action_the_replay_mask_forbids_scores_minus_inf_and_zero_ppo_g
     for x, m, a in zip(
         _choice_logits(kind, logits), _parts(kind, mask), _sub_actions(kind, action), strict=True
     ):
-        probs = np.exp(_log_softmax(x, m))
+        probs = np.exp(masked_log_softmax_float64(x, m))
         part = np.where(m, (np.arange(x.shape[-1]) == np.asarray(a)[:, None]) - probs, 0.0)
         expected.append(part[:, 1:] if kind == "multi_binary" else part)
     expected = -np.asarray(advantage)[:, None] * np.concatenate(expected, -1)
@@ -239,13 +220,13 @@ def test_a_stored_action_the_replay_mask_forbids_scores_minus_inf_and_zero_ppo_g
 
 @pytest.mark.parametrize("kind", _kinds("categorical"))
 def test_an_element_with_nothing_allowed_has_nan_log_likelihood_and_acts_zero(kind):
-    logits, mask = _inputs(kind, (B,))
+    logits, mask = _logits_and_mask(kind, (B,))
     _parts(kind, mask)[-1][1] = False  # element 1's last sub-action allows nothing
-    head = _head(kind)
+    head = _discrete_head(kind)
     for mode in ("train", "eval"):
         getattr(head, mode)()
-        out = _call(head, (), logits, mask=mask)
-        again = _call(head, (), logits, out.rollout_extras, mask=mask)
+        out = jitted_call(head, (), logits, mask=mask)
+        again = jitted_call(head, (), logits, out.rollout_extras, mask=mask)
         for result in (out, again):
             log_likelihood = np.asarray(result.output["log_likelihood"])
             assert np.isnan(log_likelihood[1]) and np.all(np.isfinite(np.delete(log_likelihood, 1)))
@@ -258,17 +239,20 @@ def test_an_element_with_nothing_allowed_has_nan_log_likelihood_and_acts_zero(ki
 def test_sampled_actions_are_never_masked(kind):
     """Over 30 seeds, and 30 steps of per-environment streams, with the unmasked logits
     favouring the forbidden choices by e^10."""
-    logits, mask = _inputs(kind, (B,), seed=1)
+    logits, mask = _logits_and_mask(kind, (B,), seed=1)
     if kind == "multi_binary":  # the forbidden value of a forced bit favoured
         logits = logits + 10.0 * ~mask[..., 1] - 10.0 * ~mask[..., 0]
     else:
         logits = np.where(mask, logits, logits + 10.0)
     logits = logits.astype(np.float32)
-    actions = [_call(_head(kind, nnx.Rngs(seed)), (), logits, mask=mask) for seed in range(30)]
-    head = _head(kind, per_env_streams=True)
+    actions = [
+        jitted_call(_discrete_head(kind, nnx.Rngs(seed)), (), logits, mask=mask)
+        for seed in range(30)
+    ]
+    head = _discrete_head(kind, per_env_streams=True)
     state = head.initialize_state(B)
     for _ in range(30):
-        actions.append(_call(head, state, logits, mask=mask))
+        actions.append(jitted_call(head, state, logits, mask=mask))
         state = actions[-1].next_state
     for out in actions:
         assert np.all(_is_allowed(kind, mask, out.output["action"]))
@@ -280,40 +264,42 @@ def test_sampled_actions_are_never_masked(kind):
 
 @pytest.mark.parametrize("kind", _kinds("categorical"))
 def test_eval_acts_with_the_masked_mode_and_train_samples_again(kind):
-    logits, mask = _inputs(kind, (B,), scale=1.0)
-    head = _head(kind)
+    logits, mask = _logits_and_mask(kind, (B,), scale=1.0)
+    head = _discrete_head(kind)
     head.eval()
     assert head.deterministic
     mode = _mode(kind, logits, mask)
     for _ in range(2):
-        out = _call(head, (), logits, mask=mask)
+        out = jitted_call(head, (), logits, mask=mask)
         np.testing.assert_array_equal(out.output["action"], mode)
     expected, *_ = _oracle(kind, logits, mask, mode)
     np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-5, atol=1e-6)
-    overridden = _call(head, (), logits, mask=mask, deterministic=False).output["action"]
+    overridden = jitted_call(head, (), logits, mask=mask, deterministic=False).output["action"]
     assert not np.array_equal(overridden, mode)
     head.train()
     assert not head.deterministic
-    samples = [np.asarray(_call(head, (), logits, mask=mask).output["action"]) for _ in range(3)]
+    samples = [
+        np.asarray(jitted_call(head, (), logits, mask=mask).output["action"]) for _ in range(3)
+    ]
     assert not np.array_equal(samples[0], mode) and not np.array_equal(samples[0], samples[1])
     assert all(np.all(_is_allowed(kind, mask, s)) for s in samples)
 
 
 @pytest.mark.parametrize("kind", _kinds("multi_discrete"))
 def test_per_env_streams_an_environment_s_samples_do_not_depend_on_the_batch_split(kind):
-    logits, mask = _inputs(kind, (B,))
-    head = _head(kind, per_env_streams=True)
+    logits, mask = _logits_and_mask(kind, (B,))
+    head = _discrete_head(kind, per_env_streams=True)
     keys = head.initialize_state(B)
-    whole = _call(head, keys, logits, mask=mask)
+    whole = jitted_call(head, keys, logits, mask=mask)
     # Each environment alone (batch shape ()) draws what it draws in the whole batch.
-    alone = [_call(head, keys[i], logits[i], mask=mask[i]) for i in range(B)]
+    alone = [jitted_call(head, keys[i], logits[i], mask=mask[i]) for i in range(B)]
     for name in ("action", "log_likelihood"):
         joined = np.stack([np.asarray(one.output[name]) for one in alone])
         np.testing.assert_array_equal(joined, whole.output[name])
     joined = np.stack([_key_data(one.next_state) for one in alone])
     np.testing.assert_array_equal(joined, _key_data(whole.next_state))
     # The keys advance: the next step draws differently.
-    later = _call(head, whole.next_state, logits, mask=mask)
+    later = jitted_call(head, whole.next_state, logits, mask=mask)
     assert not np.array_equal(later.output["action"], whole.output["action"])
 
 
@@ -325,9 +311,9 @@ LOSS_NAMES, LOSS_CASES = each_value_once(
 @pytest.mark.parametrize(LOSS_NAMES, LOSS_CASES)
 def test_regularization_loss_and_metrics_match_float64_formulas(kind, dtype):
     tol = 1e-5 if dtype == "float32" else 1e-12
-    logits, mask = _inputs(kind, (B,), seed=2)
+    logits, mask = _logits_and_mask(kind, (B,), seed=2)
     with jax.enable_x64(dtype == "float64"):
-        out = _call(_head(kind), (), jnp.asarray(logits, dtype), mask=mask)
+        out = jitted_call(_discrete_head(kind), (), jnp.asarray(logits, dtype), mask=mask)
         assert out.regularization_loss.dtype == dtype
         out = jax.tree.map(np.asarray, out)
     log_likelihood, entropy, allowed, masked_probability = _oracle(
@@ -344,7 +330,9 @@ def test_multi_binary_log_odds_of_plus_or_minus_inf_make_a_certain_bit():
     logits = np.tile(np.float32([np.inf, -np.inf, 0.3]), (B, 1))
     mask = np.ones((B, NUM_BITS, 2), bool)
     mask[1, 0, 1] = False  # element 1 forbids its sure one: bit 0 is zero there
-    out = jax.tree.map(np.asarray, _call(_head("multi_binary"), (), logits, mask=mask))
+    out = jax.tree.map(
+        np.asarray, jitted_call(_discrete_head("multi_binary"), (), logits, mask=mask)
+    )
     action = out.output["action"]
     np.testing.assert_array_equal(action[:, 0], np.arange(B) != 1)
     assert np.all(action[:, 1] == 0)
@@ -384,10 +372,10 @@ def _tiny(kind, forbidden):
 
 @pytest.mark.parametrize("kind", _kinds("multi_discrete"))
 def test_a_tiny_forbidden_probability_is_not_rounded_to_zero_in_float32(kind):
-    head = _head(kind)
+    head = _discrete_head(kind)
     for forbidden in (1e-20, 1e-35):
         logits, mask = _tiny(kind, forbidden)
-        out = _call(head, (), logits, mask=mask)
+        out = jitted_call(head, (), logits, mask=mask)
         *_, expected = _oracle(kind, logits, mask, np.asarray(out.output["action"]))
         tiny = expected[[0, 2]]
         assert np.all((tiny > forbidden / 10) & (tiny < 1.01 * forbidden)) and expected[1] == 1
@@ -396,10 +384,10 @@ def test_a_tiny_forbidden_probability_is_not_rounded_to_zero_in_float32(kind):
 
 @pytest.mark.parametrize("kind", _kinds("categorical"))
 def test_num_params_is_the_logits_width_and_without_a_mask_nothing_is_forbidden(kind):
-    head = _head(kind)
+    head = _discrete_head(kind)
     assert head.num_params == {"categorical": 4, "multi_discrete": 11, "multi_binary": 3}[kind]
-    logits, _ = _inputs(kind, (B,))
-    out = _call(head, (), logits)
+    logits, _ = _logits_and_mask(kind, (B,))
+    out = jitted_call(head, (), logits)
     shape = (B,) if kind == "categorical" else (B, {"multi_discrete": 4, "multi_binary": 3}[kind])
     assert out.output["action"].shape == shape and out.output["log_likelihood"].shape == (B,)
     combinations = {"categorical": 4, "multi_discrete": 30, "multi_binary": 8}[kind]
@@ -423,9 +411,9 @@ ERRORS = {
 
 @pytest.mark.parametrize("kind", _kinds("multi_binary"))
 def test_bad_inputs_are_refused_by_name(kind):
-    head = _head(kind)
+    head = _discrete_head(kind)
     name, width = type(head).__name__, head.num_params
-    logits, mask = _inputs(kind, (B,))
+    logits, mask = _logits_and_mask(kind, (B,))
     mask_match, action_shape = ERRORS[kind]
     expects = rf"{name} expects logits of shape \[\*batch, {width}\] \(head.num_params\), got"
     with pytest.raises(ValueError, match=rf"{expects} \(8, {width + 1}\); size the network"):
@@ -436,7 +424,7 @@ def test_bad_inputs_are_refused_by_name(kind):
         head((), jnp.zeros((B, width), bool))
     # Integer logits are taken as distrax.Categorical takes them: as float32.
     integers = jnp.arange(B * width, dtype=jnp.int32).reshape(B, width) % 3
-    as_floats = _head(kind)((), integers.astype(jnp.float32), mask=mask)
+    as_floats = _discrete_head(kind)((), integers.astype(jnp.float32), mask=mask)
     np.testing.assert_array_equal(
         head((), integers, mask=mask).output["log_likelihood"],
         as_floats.output["log_likelihood"],
@@ -445,7 +433,7 @@ def test_bad_inputs_are_refused_by_name(kind):
         head((), logits, mask=np.ones((B, 3), bool))
     with pytest.raises(TypeError, match=r"mask must be boolean .* got dtype float32"):
         head((), logits, mask=mask.astype(np.float32))
-    action = _call(head, (), logits, mask=mask).rollout_extras
+    action = jitted_call(head, (), logits, mask=mask).rollout_extras
     with pytest.raises(TypeError, match="rollout_extras must have an integer dtype"):
         head((), logits, action.astype(jnp.float32), mask=mask)
     with pytest.raises(ValueError, match=rf"the action shape {action_shape}, got \(7"):

@@ -10,6 +10,7 @@ from flax import nnx
 
 import samplers
 from tests._tiers import JIT_MODES, slow
+from tests.helpers import keys_drawn
 
 
 def _categorical(logits):
@@ -20,10 +21,6 @@ def _beta(params):
     concentrations = jax.nn.softplus(params) + 1.0
     alpha, beta = jnp.split(concentrations, 2, axis=-1)
     return distrax.Independent(distrax.Beta(alpha, beta), 1)
-
-
-def _count(head):
-    return int(head.rng.default.count[...])
 
 
 def test_categorical_replays_the_stored_index_under_the_current_logits():
@@ -43,7 +40,7 @@ def test_categorical_replays_the_stored_index_under_the_current_logits():
     probabilities = jax.nn.softmax(logits)
     entropy = -jnp.sum(probabilities * jnp.log(probabilities), axis=-1)
     np.testing.assert_allclose(rollout.regularization_loss, -0.1 * entropy, rtol=1e-5)
-    assert _count(head) == 2  # two keys for the sample; the replays need none
+    assert keys_drawn(head) == 2  # two keys for the sample; the replays need none
 
 
 def test_categorical_eval_acts_with_the_most_likely_index_and_draws_no_key():
@@ -52,7 +49,7 @@ def test_categorical_eval_acts_with_the_most_likely_index_and_draws_no_key():
     head.eval()
     out = head((), logits)
     np.testing.assert_array_equal(out.output["action"], jnp.argmax(logits, axis=-1))
-    assert _count(head) == 0
+    assert keys_drawn(head) == 0
 
 
 def test_categorical_gradient_reaches_the_logits():
@@ -192,7 +189,7 @@ def test_per_env_streams_sample_each_environment_from_its_own_key(make, width):
     )
     replay = head(keys, params, whole.rollout_extras)
     np.testing.assert_array_equal(replay.output["log_likelihood"], whole.output["log_likelihood"])
-    assert _count(head) == 1  # initialize_state drew one key; calls draw none
+    assert keys_drawn(head) == 1  # initialize_state drew one key; calls draw none
     assert head.reset_state(keys) is keys
 
 

@@ -83,7 +83,7 @@ HEADS = {
 }
 
 
-def _inputs(width, dtype):
+def _saturating_inputs(width, dtype):
     """A network output with saturating entries, exact in every dtype tested."""
     inputs = 3.0 * jax.random.normal(jax.random.key(1), (BATCH, width))
     inputs = inputs.at[0, 0].set(30.0).at[1, -1].set(-30.0)
@@ -129,7 +129,7 @@ DEFAULT_TIER = ("NormalTanhSampler", "BetaSampler", "CategoricalSampler", "Compo
 )
 def test_half_precision_network_outputs_give_the_float32_outputs_bit_for_bit(name, dtype):
     make, width = HEADS[name]
-    inputs = _inputs(width, dtype)
+    inputs = _saturating_inputs(width, dtype)
     expected = _rollout_and_replay(make(), inputs.astype(jnp.float32))
     got = _rollout_and_replay(make(), inputs)
     for call, want, have in zip(("rollout", "replay"), expected, got, strict=True):
@@ -150,7 +150,7 @@ def test_half_precision_network_outputs_give_the_float32_outputs_bit_for_bit(nam
 def test_float64_network_outputs_stay_float64_under_x64(name):
     make, width = HEADS[name]
     with jax.enable_x64(True):
-        inputs = _inputs(width, jnp.float64)
+        inputs = _saturating_inputs(width, jnp.float64)
         outputs = _rollout_and_replay(make(), inputs)
         for call, out in zip(("rollout", "replay"), outputs, strict=True):
             for path, value in _checked_outputs(out).items():

@@ -16,7 +16,7 @@ from tests._tiers import slow
 A, F = 2, 3
 
 
-def _head(**options):
+def _small_flow_head(**options):
     """A flow head with small conditioners (one hidden layer of 16): the tests check
     what a flow does, not what a wide MLP does."""
     options = {"hidden_sizes": (16,), **options}
@@ -37,7 +37,7 @@ def _learned(head, seed=0, size=0.3):
     return head
 
 
-def _inputs(batch=8, seed=0, saturated=False):
+def _params_and_features(batch=8, seed=0, saturated=False):
     x = jax.random.normal(jax.random.key(seed), (batch, 2 * A + F))
     return x.at[:, :A].add(30.0) if saturated else x
 
@@ -48,9 +48,9 @@ def _step(head, *args):
 
 
 def test_a_new_head_is_the_squashed_normal_head():
-    flow = _head()
+    flow = _small_flow_head()
     normal = samplers.NormalTanhSampler(nnx.Rngs(params=0, action=1), 0.01)
-    x = _inputs()
+    x = _params_and_features()
     ours, theirs = flow((), x), normal((), x[:, : 2 * A])
     np.testing.assert_array_equal(ours.rollout_extras, theirs.rollout_extras)
     np.testing.assert_allclose(ours.output["action"], theirs.output["action"], rtol=1e-6)
@@ -69,8 +69,8 @@ def test_a_new_head_is_the_squashed_normal_head():
     ],
 )
 def test_a_replay_is_bit_for_bit_once_the_layers_have_learned(transform, saturated):
-    head = _learned(_head(transform=transform))
-    x = _inputs(saturated=saturated)
+    head = _learned(_small_flow_head(transform=transform))
+    x = _params_and_features(saturated=saturated)
     out = _step(head, x)
     if saturated:
         assert np.all(np.abs(np.asarray(out.output["action"])) == 1.0)
@@ -97,8 +97,8 @@ def test_a_replay_is_bit_for_bit_once_the_layers_have_learned(transform, saturat
 
 @pytest.mark.slow
 def test_gradients_reach_the_conditioners_the_features_and_the_base():
-    head = _learned(_head(), size=0.1)
-    x = _inputs(seed=1)
+    head = _learned(_small_flow_head(), size=0.1)
+    x = _params_and_features(seed=1)
     stored = head((), x).rollout_extras
 
     def loss(head, x):
@@ -119,9 +119,9 @@ def test_gradients_reach_the_conditioners_the_features_and_the_base():
 
 @pytest.mark.slow
 def test_eval_acts_with_the_flow_of_the_mean_and_draws_no_key():
-    head = _learned(_head(entropy="base"))
+    head = _learned(_small_flow_head(entropy="base"))
     head.eval()
-    x = _inputs(seed=2)
+    x = _params_and_features(seed=2)
     before = int(head.rng.action.count[...])
     out = head((), x)
     assert int(head.rng.action.count[...]) == before
@@ -131,8 +131,8 @@ def test_eval_acts_with_the_flow_of_the_mean_and_draws_no_key():
 
 
 def test_the_pathwise_gradient_matches_a_central_difference():
-    head = _learned(_head(reparameterized=True), seed=3)
-    x = _inputs(seed=4)
+    head = _learned(_small_flow_head(reparameterized=True), seed=3)
+    x = _params_and_features(seed=4)
 
     def q(head, x):
         action = head((), x).output["action"]
@@ -157,9 +157,15 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
     rounding, and in float64 the value and the gradients of ``alpha log pi(a) - Q(a)``
     with respect to the inputs and every conditioner weight of the inverse path's
     (``sample_with_replay``), saturated rows and rows of the smallest std included."""
-    head = _learned(_head(reparameterized=True, transform=transform), seed=7)
-    tiny_std = _inputs(4, seed=12).at[:, A : 2 * A].set(-30.0)  # std at the floor
-    x = jnp.concatenate([_inputs(4, seed=10), _inputs(4, seed=11, saturated=True), tiny_std])
+    head = _learned(_small_flow_head(reparameterized=True, transform=transform), seed=7)
+    tiny_std = _params_and_features(4, seed=12).at[:, A : 2 * A].set(-30.0)  # std at the floor
+    x = jnp.concatenate(
+        [
+            _params_and_features(4, seed=10),
+            _params_and_features(4, seed=11, saturated=True),
+            tiny_std,
+        ]
+    )
     fresh = nnx.clone(head)  # the head before the call, its stream as it was
     key = nnx.clone(head).rng.action()  # the key the call draws first
     out = head((), x)
@@ -195,12 +201,13 @@ def test_a_reparameterized_sample_is_scored_forward_with_the_inverse_path_s_grad
         x64 = jnp.asarray(x, jnp.float64)
         weights = nnx.state(fresh, nnx.Param)
         nnx.update(fresh, jax.tree.map(lambda w: jnp.asarray(w, jnp.float64), weights))
-        value, got = nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1))(
+        # Each loss and its gradients compiled as one program, as a training step is.
+        value, got = nnx.jit(nnx.value_and_grad(actor_loss(by_the_head), argnums=(0, 1)))(
             nnx.clone(fresh), x64
         )
-        expected, want = nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))(
-            fresh, x64
-        )
+        expected, want = nnx.jit(
+            nnx.value_and_grad(actor_loss(through_the_inverse), argnums=(0, 1))
+        )(fresh, x64)
     np.testing.assert_allclose(value, expected, rtol=1e-8)
     assert np.max(np.abs(np.asarray(want[1]))) > 1e-2
     np.testing.assert_allclose(got[1], want[1], rtol=1e-8, atol=1e-10)
@@ -216,7 +223,7 @@ def test_a_reparameterized_flow_part_of_a_composite_is_scored_forward():
     ``reparameterized=True`` its log-likelihood is ``sample_with_pre_image``'s from the
     part's key, the other part's and the sum as before."""
     rngs = nnx.Rngs(params=0, action=1)
-    flow = _learned(_head(reparameterized=True), seed=8)
+    flow = _learned(_small_flow_head(reparameterized=True), seed=8)
     composite = samplers.CompositeSampler(
         {"choice": samplers.CategoricalSampler(rngs, 0.0, 3), "flow": flow}, rngs=rngs
     )
@@ -240,9 +247,9 @@ def test_a_reparameterized_flow_part_of_a_composite_is_scored_forward():
 @pytest.mark.slow
 @pytest.mark.parametrize("reparameterized", [False, True])
 def test_per_environment_streams_draw_each_row_from_its_own_key(reparameterized):
-    head = _learned(_head(per_env_streams=True, reparameterized=reparameterized))
+    head = _learned(_small_flow_head(per_env_streams=True, reparameterized=reparameterized))
     keys = head.initialize_state(6)
-    x = _inputs(6, seed=5)
+    x = _params_and_features(6, seed=5)
     whole = head(keys, x)
     half = head(keys[3:], x[3:])
     # The same draws; the conditioners' matrix products round by batch size.
@@ -254,8 +261,8 @@ def test_per_environment_streams_draw_each_row_from_its_own_key(reparameterized)
 def test_a_fresh_action_without_reparameterized_is_a_constant():
     """PPO's rollout: no gradient reaches the conditioners or the inputs through the
     action, only through the log-likelihood of it."""
-    head = _learned(_head())
-    x = _inputs(seed=6)
+    head = _learned(_small_flow_head())
+    x = _params_and_features(seed=6)
 
     def action_sum(head, x):
         return jnp.sum(nnx.clone(head)((), x).output["action"])
@@ -267,8 +274,8 @@ def test_a_fresh_action_without_reparameterized_is_a_constant():
 
 @pytest.mark.parametrize("transform", ["spline", slow("affine", id="affine")])
 def test_a_non_finite_feature_or_conditioner_output_gives_nan(transform):
-    head = _head(transform=transform)
-    x = _inputs(4, seed=7).at[:, :A].add(8.0)  # pre-images outside the spline's range
+    head = _small_flow_head(transform=transform)
+    x = _params_and_features(4, seed=7).at[:, :A].add(8.0)  # pre-images outside the spline's range
     for bad in (jnp.nan, jnp.inf):
         out = _step(head, x.at[1, -1].set(bad))
         assert np.all(np.isnan(out.output["log_likelihood"][1]))
@@ -295,7 +302,7 @@ def test_options_and_inputs_are_refused_with_the_fix():
         samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, feature_dim=-1)
     with pytest.raises(ValueError, match="num_layers must be a positive integer"):
         samplers.FlowSampler(nnx.Rngs(0), 0.01, action_dim=A, num_layers=0)
-    head = _head()
+    head = _small_flow_head()
     with pytest.raises(ValueError, match=r"2 \* action_dim \+ feature_dim"):
         head((), jnp.zeros((4, 2 * A)))
 
@@ -314,7 +321,7 @@ def test_a_spline_replay_in_another_program_is_within_the_pre_image_rounding_bou
     """An eager rollout replayed under nnx.jit, and a jitted rollout of 64 replayed as a
     minibatch of 32, with every conditioner weight moved off its initial value:
     ``|replay - rollout| <= 1e-6 (1 + |log p|) + 32 eps sum_i (1 + |x_K,i|) |d log p/d x_K,i|``."""
-    head = _learned(_head(transform="spline"), seed=seed)
+    head = _learned(_small_flow_head(transform="spline"), seed=seed)
     x = jax.random.normal(jax.random.key(100 + seed), (64, 2 * A + F))
     dist = head.distribution(x)
     eager = head((), x)
@@ -336,8 +343,8 @@ def test_a_spline_replay_in_another_program_is_within_the_pre_image_rounding_bou
 
 @pytest.mark.slow
 def test_plain_jax_grad_of_a_replay_that_needs_a_key_names_the_key_free_option():
-    head = _head()
-    x = _inputs()
+    head = _small_flow_head()
+    x = _params_and_features()
     stored = _step(head, x).rollout_extras
 
     def loss(head, x):
@@ -346,15 +353,15 @@ def test_plain_jax_grad_of_a_replay_that_needs_a_key_names_the_key_free_option()
     with pytest.raises(errors.TraceContextError, match="entropy='base'"):
         jax.grad(lambda x: loss(head, x))(x)
     # With entropy="base" the replay draws no key, and jax.grad is nnx.grad's.
-    keyless = _head(entropy="base")
+    keyless = _small_flow_head(entropy="base")
     by_jax = jax.grad(lambda x: loss(keyless, x))(x)
     np.testing.assert_array_equal(by_jax, nnx.grad(loss, argnums=1)(keyless, x))
     assert np.any(np.asarray(by_jax) != 0)
 
 
 def test_the_spline_range_is_where_the_splines_act():
-    head = _learned(_head(transform="spline", spline_range=2.0), seed=4)
-    x = _inputs(seed=8)
+    head = _learned(_small_flow_head(transform="spline", spline_range=2.0), seed=4)
+    x = _params_and_features(seed=8)
 
     @nnx.jit
     def layers(head, pre_image):
@@ -364,14 +371,14 @@ def test_the_spline_range_is_where_the_splines_act():
     assert np.max(np.abs(np.asarray(layers(head, inside)) - 1.5)) > 1e-2
     np.testing.assert_array_equal(layers(head, outside), outside)
     with pytest.raises(ValueError, match="spline_range"):
-        _head(transform="spline", spline_range=0.0)
+        _small_flow_head(transform="spline", spline_range=0.0)
 
 
 @pytest.mark.slow
 def test_the_kl_of_old_and_new_distributions_is_a_sample_estimate():
     """A PPO metric: ``old.kl_divergence(new)`` between two ``head.distribution``."""
-    head = _learned(_head(), seed=5)
-    x = _inputs(seed=9)
+    head = _learned(_small_flow_head(), seed=5)
+    x = _params_and_features(seed=9)
     moved = _learned(nnx.clone(head), seed=6, size=0.05)
 
     @nnx.jit

@@ -16,6 +16,8 @@ from scipy import special, stats
 import samplers
 from samplers.heads.composite import CompositeSampler
 from tests._tiers import SLOW, slow
+from tests.helpers import jitted_call
+from tests.reference import softplus_std_float64, tanh_normal_log_prob_float64
 
 BATCH = 256
 
@@ -24,7 +26,7 @@ def _f32(*values):
     return np.array(values, np.float32)
 
 
-def _head(space, **options):
+def _head_for(space, **options):
     return samplers.head_for(space, rngs=nnx.Rngs(0), entropy_weight=0.1, **options)
 
 
@@ -51,7 +53,7 @@ def _params(head, seed=0, scale=3.0):
 def test_each_gymnasium_space_gets_a_head_whose_actions_the_space_contains(
     space, head_class, num_params
 ):
-    head = _head(space)
+    head = _head_for(space)
     assert type(head) is head_class
     assert head.num_params == num_params
     out = head((), _params(head))
@@ -63,18 +65,18 @@ def test_each_gymnasium_space_gets_a_head_whose_actions_the_space_contains(
 
 
 def test_gymnax_spaces_get_the_same_heads():
-    box = _head(gymnax.Box(-2.0, 2.0, (1,)))
+    box = _head_for(gymnax.Box(-2.0, 2.0, (1,)))
     assert box.num_params == 2
     actions = box((), _params(box)).output["action"]
     assert np.all(np.abs(actions) <= 2.0)
-    discrete = _head(gymnax.Discrete(2))
+    discrete = _head_for(gymnax.Discrete(2))
     assert type(discrete) is samplers.CategoricalSampler and discrete.num_params == 2
 
 
 def test_the_unit_box_is_tanh_and_other_bounds_are_bounded_tanh_with_the_spaces_bounds():
-    assert type(_head(gym.Box(-1.0, 1.0, (2,))).bijector) is samplers.Tanh
+    assert type(_head_for(gym.Box(-1.0, 1.0, (2,))).bijector) is samplers.Tanh
     low, high = np.array([-2.0, 0.0, 5.0], np.float32), np.array([0.5, 1e-3, 5.5], np.float32)
-    bijector = _head(gym.Box(low, high)).bijector
+    bijector = _head_for(gym.Box(low, high)).bijector
     assert type(bijector) is samplers.BoundedTanh
     np.testing.assert_array_equal(bijector.forward(jnp.full(3, -30.0)), low)
     np.testing.assert_array_equal(bijector.forward(jnp.full(3, 30.0)), high)
@@ -83,16 +85,14 @@ def test_the_unit_box_is_tanh_and_other_bounds_are_bounded_tanh_with_the_spaces_
 def test_a_bounded_box_scores_the_stored_pre_image_by_the_float64_change_of_variables():
     with jax.enable_x64():
         low, high = np.array([-2.0, 0.0]), np.array([0.5, 1e-3])
-        head = _head(gym.Box(low, high, dtype=np.float64), min_std=0.0)
+        head = _head_for(gym.Box(low, high, dtype=np.float64), min_std=0.0)
         params = _params(head).astype(jnp.float64)
         out = head((), params)
         x = np.asarray(out.rollout_extras)
         mean, raw = np.asarray(params[:, :2]), np.asarray(params[:, 2:])
-        std = np.logaddexp(0.0, raw)
-        half = (high - low) / 2
+        std = softplus_std_float64(raw, min_std=0.0)
         # log N(x) - log |d/dx (center + half * tanh x)|, with 1 - tanh^2 = 4 / (e^x + e^-x)^2.
-        log_det = np.log(half) + np.log(4.0) - 2 * np.logaddexp(x, -x)
-        expected = np.sum(stats.norm.logpdf(x, mean, std) - log_det, axis=-1)
+        expected = tanh_normal_log_prob_float64(x, mean, std, low, high)
         np.testing.assert_allclose(out.output["log_likelihood"], expected, rtol=1e-12)
         # low + (high - low) * sigmoid(2x) is center + half * tanh(x) without the cancellation
         # next to a bound; the library's affine step rounds to a few ulps of the bounds.
@@ -102,7 +102,7 @@ def test_a_bounded_box_scores_the_stored_pre_image_by_the_float64_change_of_vari
 
 def test_an_unbounded_box_is_an_unsquashed_normal_with_its_exact_entropy():
     with jax.enable_x64():
-        head = _head(gym.Box(-np.inf, np.inf, (2,), dtype=np.float64), min_std=0.0)
+        head = _head_for(gym.Box(-np.inf, np.inf, (2,), dtype=np.float64), min_std=0.0)
         params = _params(head).astype(jnp.float64)
         out = head((), params)
         mean, std = np.asarray(params[:, :2]), np.logaddexp(0.0, np.asarray(params[:, 2:]))
@@ -115,21 +115,21 @@ def test_an_unbounded_box_is_an_unsquashed_normal_with_its_exact_entropy():
 
 
 def test_options_reach_the_head_and_an_explicit_entropy_is_kept():
-    head = _head(gym.Box(-np.inf, np.inf, (2,)), entropy="sample", per_env_streams=True)
+    head = _head_for(gym.Box(-np.inf, np.inf, (2,)), entropy="sample", per_env_streams=True)
     assert head.entropy == ("sample", 1) and head.per_env_streams
-    assert _head(gym.Discrete(3), per_env_streams=True, rng_collection="policy").per_env_streams
+    assert _head_for(gym.Discrete(3), per_env_streams=True, rng_collection="policy").per_env_streams
 
 
 @SLOW
 def test_a_discrete_head_from_a_space_takes_per_environment_streams():
-    head = _head(gym.Discrete(3), per_env_streams=True)
+    head = _head_for(gym.Discrete(3), per_env_streams=True)
     assert head((head.initialize_state(4)), jnp.zeros((4, 3))).output["action"].shape == (4,)
 
 
 @SLOW
 def test_a_masked_discrete_head_from_a_space_scores_the_float64_masked_softmax():
     with jax.enable_x64():
-        head = _head(gym.Discrete(4))
+        head = _head_for(gym.Discrete(4))
         logits = jnp.array([[0.3, -1.2, 2.0, 0.7], [80.0, -80.0, 0.0, 40.0]])
         mask = jnp.array([[True, False, True, True], [False, True, True, False]])
         out = head((), logits, jnp.array([3, 1]), mask=mask)
@@ -153,7 +153,7 @@ def test_a_masked_discrete_head_from_a_space_scores_the_float64_masked_softmax()
 )
 def test_spaces_the_heads_cannot_serve_as_given_are_refused_with_the_fix(space, message):
     with pytest.raises(ValueError, match=message):
-        _head(space)
+        _head_for(space)
 
 
 _BoxLike = collections.namedtuple("Box", "low high shape dtype")  # a duck-typed Box
@@ -195,9 +195,9 @@ def test_a_box_mixing_kinds_of_dimensions_is_refused_naming_each_and_the_fix(low
     with pytest.raises(
         ValueError, match=r"^head_for needs each Box dimension bounded on both sides"
     ):
-        _head(space)
+        _head_for(space)
     with pytest.raises(ValueError, match=message):
-        _head(space)
+        _head_for(space)
 
 
 def test_a_narrow_float64_box_scores_its_beta_head_on_its_float64_bounds():
@@ -238,7 +238,7 @@ def test_other_spaces_are_refused_naming_what_was_received(space):
     with pytest.raises(
         TypeError, match=f"MultiBinary, Dict and Tuple spaces, got .*{type(space).__name__}"
     ):
-        _head(space)
+        _head_for(space)
 
 
 def test_a_squashed_head_knows_num_params_only_when_given_action_dim():
@@ -317,21 +317,22 @@ def _element(action, i):
 def test_dict_and_tuple_spaces_get_composites_whose_actions_the_space_contains(
     space, num_params, leaves, options
 ):
-    head = _head(space, **options)
+    head = _head_for(space, **options)
     assert type(head) is CompositeSampler and head.num_params == num_params
     parts = dict(_leaf_heads(head))
     assert {path: part.num_params for path, part in parts.items()} == leaves
     # A Box part's entropy is exact: "exact" for bounds, "base" (the Normal's) without.
-    for _, part in _leaf_heads(_head(space)):
+    for _, part in _leaf_heads(_head_for(space)):
         if type(part) is samplers.SquashedNormalSampler:
             bounded = type(part.bijector) is not distrax.Lambda
             assert part.entropy == (("exact", 0) if bounded else ("base", 0))
-    out = head((), _numpy_params(head))
+    # One program for the nested composite's call, shared by its replay.
+    out = jitted_call(head, (), _numpy_params(head))
     action = out.output["action"]
     assert type(action) is dict if type(space).__name__ == "Dict" else type(action) is tuple
     assert all(space.contains(_element(action, i)) for i in range(BATCH))
     assert np.all(np.isfinite(out.output["log_likelihood"]))
-    again = head((), _numpy_params(head), out.rollout_extras)
+    again = jitted_call(head, (), _numpy_params(head), out.rollout_extras)
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
     if not options:  # the exact entropies, summed: finite, and the parts' sum
         total = sum(
@@ -349,14 +350,14 @@ def test_dict_and_tuple_spaces_get_composites_whose_actions_the_space_contains(
 def test_a_dict_space_s_parts_are_sliced_in_its_own_order():
     params = np.zeros((BATCH, 11), np.float32)
     params[:, 2] = 50.0  # "fire" comes first in DICT: action 2
-    head = _head(DICT, **SAMPLE)
+    head = _head_for(DICT, **SAMPLE)
     action = head((), params).output["action"]
     assert list(action) == ["fire", "aim", "buttons"]
     np.testing.assert_array_equal(action["fire"], 2)
     # gymnasium sorts a plain dict's keys: "aim" first, so the params slice differently.
     sorted_space = gym.Dict(dict(DICT.spaces))
     assert list(sorted_space.spaces) == ["aim", "buttons", "fire"]
-    assert list(_head(sorted_space, **SAMPLE)((), params).output["action"]) == [
+    assert list(_head_for(sorted_space, **SAMPLE)((), params).output["action"]) == [
         "aim",
         "buttons",
         "fire",
@@ -364,9 +365,9 @@ def test_a_dict_space_s_parts_are_sliced_in_its_own_order():
 
 
 def test_a_part_s_actions_do_not_change_when_another_part_is_added_to_the_space():
-    head = _head(DICT, **SAMPLE)
+    head = _head_for(DICT, **SAMPLE)
     bigger = gym.Dict(collections.OrderedDict([*DICT.spaces.items(), ("extra", gym.Discrete(4))]))
-    other = _head(bigger, **SAMPLE)
+    other = _head_for(bigger, **SAMPLE)
     params = _numpy_params(head)
     out = head((), params)
     more = other((), jnp.concatenate([params, _numpy_params(head, seed=1)[:, :4]], -1))
@@ -379,12 +380,12 @@ def test_options_reach_the_parts_that_take_them_and_an_explicit_entropy_is_kept(
     space = gym.Dict(
         {"a": gym.Discrete(3), "b": gym.Box(-1.0, 1.0, (2,)), "c": gym.Box(-np.inf, np.inf, (1,))}
     )
-    head = _head(space, per_env_streams=True, min_std=0.1)
+    head = _head_for(space, per_env_streams=True, min_std=0.1)
     parts = head.parts
     assert head.per_env_streams and all(part.per_env_streams for part in parts.values())
     assert parts["b"].min_std == parts["c"].min_std == 0.1
     assert parts["b"].entropy == ("exact", 0) and parts["c"].entropy == ("base", 0)
-    sampled = _head(space, entropy="sample")
+    sampled = _head_for(space, entropy="sample")
     assert sampled.parts["b"].entropy == sampled.parts["c"].entropy == ("sample", 1)
     state = head.initialize_state(4)
     assert state.shape == (4,)  # one key per environment, as for any head
@@ -404,7 +405,7 @@ def test_gymnax_dict_and_tuple_spaces_get_composites_too():
             gymnax.Discrete(4),
         ]
     )
-    head = _head(space, **SAMPLE)
+    head = _head_for(space, **SAMPLE)
     assert type(head) is CompositeSampler and head.num_params == 4 + 4 + 4
     action = head((), _numpy_params(head)).output["action"]
     assert type(action) is tuple and set(action[0]) == {"a", "b"}
@@ -460,7 +461,7 @@ def test_what_a_composite_space_cannot_take_is_refused_naming_the_part(
     space, options, error, message
 ):
     with pytest.raises(error, match=message):
-        _head(space, **options)
+        _head_for(space, **options)
 
 
 def test_head_beta_builds_a_beta_head_on_the_boxs_bounds_and_refuses_an_unbounded_box():

@@ -1,3 +1,15 @@
+"""The squashed-Normal heads: ``NormalTanhSampler``, ``SquashedNormalSampler`` and
+``StateIndependentSampler``.
+
+The specified sampler's call, step by step (``tests/reference.py``); replay bit for bit;
+``eval()`` acting with the squashed mean; gradients; ``nnx.jit`` and ``nnx.scan``; the
+options (bounds, entropy estimators, ``log_ratio_metrics``, ``checked``, the
+state-independent std) and the refusals of bad replay data and configuration. What
+every head does alike (the stream, per-environment streams, the state) is in
+``test_action_sampler.py``; the distribution's maths in
+``tests/distributions/test_squashed_normal*.py``.
+"""
+
 import functools
 
 import distrax
@@ -11,54 +23,23 @@ from jax.experimental import checkify
 import samplers
 from tests import reference
 from tests._tiers import JIT_MODES, each_value_once, slow
+from tests.helpers import (
+    NORMAL_HEAD_FIELDS,
+    TRACES,
+    clones_of,
+    jitted_call,
+    keys_drawn,
+    normal_head_outputs,
+    normal_inputs,
+    stateless_call,
+)
 
 A = 3
 OPTIONS = {"entropy_weight": 0.01, "min_std": 1e-3, "std_scale": 1.0}
-FIELDS = ["action", "log_likelihood", "raw_action", "regularization_loss", "mu", "sigma"]
-
-
-def _inputs(batch_shape, scale=2.0, seed=0):
-    return scale * jax.random.normal(jax.random.key(seed), (*batch_shape, 2 * A))
-
-
-def _flat(out):
-    return {
-        "action": out.output["action"],
-        "log_likelihood": out.output["log_likelihood"],
-        "raw_action": out.rollout_extras,
-        "regularization_loss": out.regularization_loss,
-        "mu": out.metrics["mu"],
-        "sigma": out.metrics["sigma"],
-    }
-
-
-def _count(rngs):
-    return int(rngs.default.count[...])
-
-
-# One traced call for the file, counting its traces: a program per head configuration and
-# shapes. Clones of one head share its configuration (a bijector is compared by identity).
-TRACES = {"step": 0}
-
-
-@nnx.jit
-def _step(head, *args):
-    TRACES["step"] += 1
-    return head((), *args)
-
-
-def _call(jitted):
-    return _step if jitted else (lambda head, *args: head((), *args))
-
-
-@functools.cache
-def _template():
-    return samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-
-
-def _head():
-    """A new ``NormalTanhSampler(nnx.Rngs(0), **OPTIONS)``, sharing its compiled programs."""
-    return nnx.clone(_template())
+_inputs = functools.partial(normal_inputs, width=2 * A, scale=2.0)
+# New heads as ``NormalTanhSampler(nnx.Rngs(0), **OPTIONS)`` builds them, sharing its programs
+# (a program per head configuration and shapes).
+_tanh_head = clones_of(lambda: samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS))
 
 
 CUSTOM = {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}
@@ -78,7 +59,7 @@ CUSTOM = {"entropy_weight": 0.3, "min_std": 0.05, "std_scale": 2.0}
 def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape, jitted, options):
     head = samplers.NormalTanhSampler(nnx.Rngs(42), **options)
     spec_rngs = nnx.Rngs(42)
-    call = _call(jitted)
+    call = stateless_call(jitted)
     stored = None
     # Rollout, replay, a second rollout, then eval rollout and eval replay, then train again.
     for step, (mode, replay) in enumerate(
@@ -94,17 +75,21 @@ def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape,
         head.eval() if mode == "eval" else head.train()
         mean_and_std = _inputs(batch_shape, seed=step)
         extras = stored if replay else None
-        ours = _flat(call(head, mean_and_std, extras) if replay else call(head, mean_and_std))
+        ours = normal_head_outputs(
+            call(head, mean_and_std, extras) if replay else call(head, mean_and_std)
+        )
         spec = reference.spec_sampler_call(
             spec_rngs, mean_and_std, extras, deterministic=mode == "eval", **options
         )
-        for field in FIELDS:
+        for field in NORMAL_HEAD_FIELDS:
             np.testing.assert_allclose(
                 ours[field], spec[field], rtol=1e-5, atol=1e-5, err_msg=f"step {step}: {field}"
             )
-        assert _count(head.rng) == _count(spec_rngs)
+        assert keys_drawn(head) == keys_drawn(spec_rngs)
         if not replay:
-            stored = _inputs(batch_shape, scale=3.0, seed=100 + step)[..., :A] + ours["raw_action"]
+            stored = (
+                _inputs(batch_shape, scale=3.0, seed=100 + step)[..., :A] + ours["rollout_extras"]
+            )
 
 
 # Guarantees, "Replaying the stored pre-image ... reproduces the log-likelihood
@@ -112,25 +97,14 @@ def test_interchangeable_with_the_specified_sampler_call_after_call(batch_shape,
 @pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
 @pytest.mark.parametrize("jitted", JIT_MODES)
 def test_replay_reproduces_the_rollout_log_likelihood(batch_shape, jitted, deterministic):
-    head = _head()
+    head = _tanh_head()
     head.set_attributes(deterministic=deterministic)
-    call = _call(jitted)
+    call = stateless_call(jitted)
     mean_and_std = _inputs(batch_shape, scale=8.0)  # many saturated actions
     rollout = call(head, mean_and_std)
     replay = call(head, mean_and_std, rollout.rollout_extras)
     np.testing.assert_array_equal(replay.output["log_likelihood"], rollout.output["log_likelihood"])
     np.testing.assert_array_equal(replay.output["action"], rollout.output["action"])
-
-
-@pytest.mark.parametrize("deterministic", [False, True], ids=["train", "eval"])
-def test_rollout_and_replay_advance_the_stream_alike(deterministic):
-    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    head.set_attributes(deterministic=deterministic)
-    mean_and_std = _inputs((4,))
-    rollout = head((), mean_and_std)
-    after_rollout = _count(head.rng)
-    head((), mean_and_std, rollout.rollout_extras)
-    assert _count(head.rng) - after_rollout == after_rollout == (1 if deterministic else 2)
 
 
 def test_eval_acts_with_the_squashed_mean_and_train_samples_again():
@@ -154,9 +128,17 @@ def test_gradients_reach_mean_and_std_but_never_the_stored_action():
         out = head((), params, pre_image)
         return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
 
-    grad_params, grad_stored = nnx.grad(loss, argnums=(1, 2))(head, mean_and_std, stored)
+    grad_params, grad_stored = nnx.jit(nnx.grad(loss, argnums=(1, 2)))(head, mean_and_std, stored)
     assert jnp.all(grad_params != 0) and jnp.all(jnp.isfinite(grad_params))
     np.testing.assert_array_equal(grad_stored, 0.0)
+
+
+def _replayed_log_likelihood(head, params, stored):
+    return head((), params, stored).output["log_likelihood"]
+
+
+# One program for the cases below (the same head configuration and shapes).
+_replay_value_and_grad = nnx.jit(nnx.value_and_grad(_replayed_log_likelihood, argnums=1))
 
 
 @pytest.mark.parametrize("z", [10.0, -20.0, 50.0])
@@ -165,11 +147,7 @@ def test_saturated_replay_is_finite_with_finite_gradients(z):
     mean_and_std = jnp.array([z, z, -1.0, -1.0])
     stored = head((), mean_and_std).rollout_extras
     assert jnp.all(jnp.abs(jnp.tanh(stored)) == 1.0)
-
-    def loss(head, params):
-        return head((), params, stored).output["log_likelihood"]
-
-    value, grad = nnx.value_and_grad(loss, argnums=1)(head, mean_and_std)
+    value, grad = _replay_value_and_grad(head, mean_and_std, stored)
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
 
 
@@ -203,14 +181,14 @@ def test_value_and_grad_through_a_policy_network():
 
 def test_nnx_jit_does_not_retrace_on_repeated_calls():
     # The shapes of the replay test above, which then shares the programs.
-    head = _head()
-    rollout = _step(head, _inputs((3, 4)))
-    _step(head, _inputs((3, 4)), rollout.rollout_extras)
-    traces = TRACES["step"]
+    head = _tanh_head()
+    rollout = jitted_call(head, (), _inputs((3, 4)))
+    jitted_call(head, (), _inputs((3, 4)), rollout.rollout_extras)
+    traces = len(TRACES)
     for seed in range(4):
-        _step(head, _inputs((3, 4), seed=seed), rollout.rollout_extras)
-        _step(head, _inputs((3, 4), seed=seed))
-    assert TRACES["step"] == traces
+        jitted_call(head, (), _inputs((3, 4), seed=seed), rollout.rollout_extras)
+        jitted_call(head, (), _inputs((3, 4), seed=seed))
+    assert len(TRACES) == traces
 
 
 def test_nnx_scan_over_time_matches_a_python_loop():
@@ -231,7 +209,7 @@ def test_nnx_scan_over_time_matches_a_python_loop():
     np.testing.assert_allclose(
         log_likelihoods, jnp.stack([o.output["log_likelihood"] for o in expected]), rtol=1e-5
     )
-    assert _count(scanned.rng) == _count(looped.rng)
+    assert keys_drawn(scanned) == keys_drawn(looped)
 
 
 def test_generic_sampler_with_bounds_keeps_actions_inside_and_replays():
@@ -260,18 +238,12 @@ def test_generic_sampler_with_bounds_keeps_actions_inside_and_replays():
 )
 def test_generic_sampler_scores_with_its_distribution(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.01, bijector=bijector)
-    mean_and_std = _inputs((5,))
+    mean_and_std = _inputs((4,))
     out = head((), mean_and_std)
     dist = head.distribution(mean_and_std)
     np.testing.assert_allclose(
         out.output["log_likelihood"], dist.log_prob(out.output["action"]), rtol=1e-4, atol=1e-4
     )
-
-
-def test_state_interface():
-    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    assert head.initialize_state(8) == () and head.reset_state(()) == ()
-    assert head((), _inputs((2,))).next_state == ()
 
 
 @pytest.mark.parametrize(
@@ -287,7 +259,7 @@ def test_state_interface():
 def test_a_replayed_action_of_the_wrong_shape_or_dtype_is_refused(extras, error, message, jitted):
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
     with pytest.raises(error, match=message):
-        _call(jitted)(head, _inputs((4,)), extras)
+        stateless_call(jitted)(head, _inputs((4,)), extras)
 
 
 def _squashed_heads(**options):
@@ -341,10 +313,10 @@ def test_a_replayed_pre_image_stored_in_lower_precision_is_refused(dtype, jitted
     )
     head = _squashed_heads()[name]
     with pytest.raises(TypeError, match=message):
-        _call(jitted)(head, _head_inputs(name, inputs), rounded)
+        stateless_call(jitted)(head, _head_inputs(name, inputs), rounded)
     # Stored as emitted, the replay reproduces the rollout.
-    out = _call(jitted)(_squashed_heads()[name], _head_inputs(name, inputs))
-    again = _call(jitted)(head, _head_inputs(name, inputs), out.rollout_extras)
+    out = stateless_call(jitted)(_squashed_heads()[name], _head_inputs(name, inputs))
+    again = stateless_call(jitted)(head, _head_inputs(name, inputs), out.rollout_extras)
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
 
 
@@ -417,7 +389,7 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
     choice = entropy if points is None else (entropy, points)
     head = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1, entropy=choice)
     default = samplers.NormalTanhSampler(nnx.Rngs(3), 0.1)
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     rollout = head((), mean_and_std)
     reference_rollout = default((), mean_and_std)
     np.testing.assert_array_equal(rollout.rollout_extras, reference_rollout.rollout_extras)
@@ -425,8 +397,8 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
     default((), mean_and_std, rollout.rollout_extras)
     # The rollouts draw alike; a replay draws keys only for an entropy estimated from
     # a sample, and then as the specified sampler does (the unused sample key too).
-    assert _count(default.rng) == 4
-    assert _count(head.rng) == (4 if entropy == "sample" else 2)
+    assert keys_drawn(default) == 4
+    assert keys_drawn(head) == (4 if entropy == "sample" else 2)
     np.testing.assert_allclose(
         replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
     )
@@ -434,7 +406,7 @@ def test_every_entropy_estimator_keeps_the_stream_and_replay(entropy, points):
 
 
 def test_deterministic_estimators_do_not_depend_on_the_key():
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     losses = [
         samplers.NormalTanhSampler(nnx.Rngs(seed), 0.1, entropy="quadrature")(
             (), mean_and_std
@@ -460,65 +432,36 @@ def test_bad_entropy_options_are_refused(kwargs, error, message):
         samplers.NormalTanhSampler(nnx.Rngs(0), 0.1, **kwargs)
 
 
-def test_functional_matches_the_module_call_after_call():
-    module = samplers.NormalTanhSampler(nnx.Rngs(5), **OPTIONS)
-    apply, state = samplers.functional(samplers.NormalTanhSampler(nnx.Rngs(5), **OPTIONS))
-    for seed in range(3):
-        mean_and_std = _inputs((4,), seed=seed)
-        expected = module((), mean_and_std)
-        out, state = apply(state, mean_and_std)
-        replayed, state = apply(state, mean_and_std, out.rollout_extras)
-        module((), mean_and_std, expected.rollout_extras)
-        for field in FIELDS:
-            np.testing.assert_allclose(_flat(out)[field], _flat(expected)[field], rtol=1e-6)
-        np.testing.assert_allclose(
-            replayed.output["log_likelihood"], out.output["log_likelihood"], rtol=1e-6
-        )
-    assert int(state["rng"]["default"]["count"]) == _count(module.rng) == 12
-
-
-def test_functional_state_writes_back_and_reads_deterministic_when_made():
-    head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    apply, state = samplers.functional(head)
-    _, state = apply(state, _inputs((2,)))
-    nnx.update(head, state)
-    assert _count(head.rng) == 2
-    head.eval()
-    apply_eval, state = samplers.functional(head)
-    out, _ = apply_eval(state, _inputs((2,)))
-    np.testing.assert_array_equal(out.output["action"], jnp.tanh(_inputs((2,))[..., :A]))
-
-
 def test_bounds_are_configuration_not_state():
     head = samplers.SquashedNormalSampler(
         nnx.Rngs(0), 0.01, bijector=samplers.BoundedTanh(jnp.array([-2.0, 0.0]), 1.0 + jnp.ones(2))
     )
     assert set(nnx.to_pure_dict(nnx.state(head))) == {"rng"}
     state = nnx.to_pure_dict(nnx.state(head))  # a snapshot: arrays, not the live variables
-    head((), _inputs((3,))[..., :4])
+    head((), _inputs((4,))[..., :4])
     nnx.update(head, state)  # writes the stream back; nothing else to write
-    assert _count(head.rng) == 0
+    assert keys_drawn(head) == 0
     assert isinstance(nnx.clone(head).bijector, samplers.BoundedTanh)
 
 
 def test_state_independent_std_is_a_learned_parameter():
     head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01, initial_std=0.7)
-    mean = _inputs((5,))[..., :A]
+    mean = _inputs((4,))[..., :A]
     rollout = head((), mean)
-    np.testing.assert_allclose(rollout.metrics["sigma"], jnp.full((5, A), 0.7), rtol=1e-6)
+    np.testing.assert_allclose(rollout.metrics["sigma"], jnp.full((4, A), 0.7), rtol=1e-6)
     expected = reference.tanh_normal_log_prob_float64(rollout.rollout_extras, mean, 0.7)
     np.testing.assert_allclose(rollout.output["log_likelihood"], expected, rtol=1e-5)
     replay = head((), mean, rollout.rollout_extras)
     np.testing.assert_allclose(
         replay.output["log_likelihood"], rollout.output["log_likelihood"], rtol=1e-6
     )
-    assert _count(head.rng) == 4
+    assert keys_drawn(head) == 4
 
     def loss(head):
         out = head((), mean, rollout.rollout_extras)
         return jnp.sum(out.output["log_likelihood"] + out.regularization_loss)
 
-    grads = nnx.grad(loss)(head)
+    grads = nnx.jit(nnx.grad(loss))(head)
     assert jnp.all(jnp.isfinite(grads["log_std"][...])) and jnp.all(grads["log_std"][...] != 0)
     assert set(nnx.state(head, nnx.Param)) == {"log_std"}
 
@@ -559,7 +502,7 @@ def test_checked_mode_names_the_first_non_finite_batch_element():
 
 def test_unchecked_non_finite_inputs_give_non_finite_outputs():
     head = samplers.NormalTanhSampler(nnx.Rngs(0), **OPTIONS)
-    out = head((), _inputs((3,)).at[1, 0].set(jnp.nan))
+    out = head((), _inputs((4,)).at[1, 0].set(jnp.nan))
     assert jnp.isnan(out.output["log_likelihood"][1]) and jnp.isnan(out.output["action"][1, 0])
     assert jnp.all(jnp.isfinite(out.output["log_likelihood"][jnp.array([0, 2])]))
 
@@ -570,119 +513,6 @@ def test_an_empty_batch_runs_through_the_sampler():
     error, (out, _) = checkify.checkify(apply)(state, jnp.zeros((0, 2 * A)))
     assert error.get() is None
     assert out.output["action"].shape == (0, A) and out.regularization_loss.shape == (0,)
-
-
-def _per_env(**options):
-    return samplers.NormalTanhSampler(nnx.Rngs(3), **OPTIONS, per_env_streams=True, **options)
-
-
-def _tree_equal(a, b, rtol=0.0):
-    """Keys bit for bit; floats to ``rtol`` (XLA may round a jitted batch of another
-    size differently in the last bit, as it vectorises loops by shape)."""
-    leaves = [jax.tree.leaves(t) for t in (a, b)]
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(*leaves, strict=True):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            np.testing.assert_array_equal(jax.random.key_data(x), jax.random.key_data(y))
-        else:
-            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * 1e-2)
-
-
-@pytest.mark.slow  # the default tier draws and replays per-environment streams elsewhere
-@pytest.mark.parametrize("jitted", JIT_MODES)
-def test_per_env_streams_do_not_depend_on_how_the_batch_is_split(jitted):
-    head = _per_env()
-    call = nnx.jit(lambda head, *args: head(*args)) if jitted else (lambda head, *args: head(*args))
-    keys = head.initialize_state(8)
-    for step in range(3):
-        inputs = _inputs((8,), seed=step)
-        whole = call(head, keys, inputs)
-        parts = [call(head, keys[s], inputs[s]) for s in (slice(0, 3), slice(3, 8))]
-        rtol = 1e-6 if jitted else 0.0
-        _tree_equal(whole, jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts), rtol)
-        single = call(head, keys[5], inputs[5])  # an unbatched call with that env's key
-        _tree_equal(jax.tree.map(lambda x: x[5], whole), single, rtol)
-        keys = whole.next_state
-    assert _count(head.rng) == 1  # initialize_state drew one key; calls draw none
-
-    # The module's own stream is not minibatch-invariant: the same check fails there.
-    shared = samplers.NormalTanhSampler(nnx.Rngs(3), **OPTIONS)
-    whole = shared((), _inputs((8,))).output["action"]
-    tail = shared((), _inputs((8,))[3:]).output["action"]
-    assert not jnp.allclose(whole[3:], tail)
-
-
-def test_per_env_streams_draw_each_environment_from_its_own_key():
-    head = _per_env()
-    keys = head.initialize_state(4)
-    inputs = _inputs((4,))
-    out = head(keys, inputs)
-    mean, std = reference.params_float64(inputs)
-    for env in range(4):
-        next_key, sample_key, entropy_key = jax.random.split(keys[env], 3)
-        _tree_equal(out.next_state[env], next_key)
-        pre_image = mean[env] + std[env] * jax.random.normal(sample_key, (A,))
-        np.testing.assert_allclose(out.rollout_extras[env], pre_image, rtol=1e-5, atol=1e-6)
-        noisy = mean[env] + std[env] * jax.random.normal(entropy_key, (A,))
-        entropy = np.sum(
-            0.5
-            + 0.5 * np.log(2 * np.pi)
-            + np.log(std[env])
-            + 2 * np.log(2.0)
-            - 2 * np.logaddexp(noisy, -noisy)
-        )
-        np.testing.assert_allclose(out.regularization_loss[env], -0.01 * entropy, rtol=1e-5)
-
-
-def test_per_env_streams_replay_and_eval_consume_the_keys_alike():
-    head = _per_env()
-    keys = head.initialize_state(5)
-    inputs = _inputs((5,))
-    rollout = head(keys, inputs)
-    replay = head(keys, inputs, rollout.rollout_extras)
-    head.eval()
-    evaluation = head(keys, inputs)
-    eval_replay = head(keys, inputs, rollout.rollout_extras)
-    for out in (replay, evaluation, eval_replay):
-        _tree_equal(out.next_state, rollout.next_state)
-        _tree_equal(out.regularization_loss, rollout.regularization_loss)
-    _tree_equal(replay.output, rollout.output)
-    _tree_equal(eval_replay.output, rollout.output)
-    np.testing.assert_array_equal(evaluation.output["action"], jnp.tanh(inputs[..., :A]))
-    assert _count(head.rng) == 1
-    _tree_equal(head.reset_state(rollout.next_state), rollout.next_state)
-
-
-def test_per_env_streams_replay_a_stacked_trajectory_in_one_call():
-    head = _per_env()
-    apply, state = samplers.functional(head)
-    keys = head.initialize_state(4)
-    inputs = _inputs((6, 4))
-    carries, rollouts = [], []
-    for t in range(6):
-        carries.append(keys)
-        out, state = apply(state, inputs[t], carry=keys)
-        rollouts.append(out)
-        keys = out.next_state
-    rollout = jax.tree.map(lambda *xs: jnp.stack(xs), *rollouts)
-    replay, _ = apply(state, inputs, rollout.rollout_extras, carry=jnp.stack(carries))
-    _tree_equal(replay.output, rollout.output)
-    _tree_equal(replay.regularization_loss, rollout.regularization_loss)
-    _tree_equal(replay.next_state, rollout.next_state)
-
-
-@pytest.mark.parametrize(
-    "state, error, message",
-    [
-        ((), TypeError, r"the state must be one key per environment, got tuple; pass"),
-        (jax.random.split(jax.random.key(0), 3), ValueError, r"shape \(5,\), got \(3,\)"),
-        (jnp.zeros((5, 2), jnp.uint32), TypeError, r"one key per environment, got ArrayImpl"),
-    ],
-    ids=["empty", "wrong-shape", "raw-keys"],
-)
-def test_per_env_streams_refuse_a_state_that_is_not_one_key_per_environment(state, error, message):
-    with pytest.raises(error, match=message):
-        _per_env()(state, _inputs((5,)))
 
 
 def test_bounded_squashings_report_saturation_and_distance_to_the_bounds():
@@ -716,7 +546,7 @@ def test_bounded_squashings_report_saturation_and_distance_to_the_bounds():
     unbounded = samplers.SquashedNormalSampler(
         nnx.Rngs(0), 0.01, bijector=distrax.Lambda(lambda x: x)
     )
-    assert set(unbounded((), _inputs((2,))).metrics) == {"mu", "sigma"}
+    assert set(unbounded((), _inputs((4,))).metrics) == {"mu", "sigma"}
 
 
 def test_log_ratio_metrics_compare_the_replay_with_the_rollout_log_likelihood():
@@ -757,12 +587,12 @@ def test_replay_metrics_are_nan_in_the_batch_element_whose_stored_value_is_nan(j
     head = _squashed_heads(log_ratio_metrics=True)[name]
     inputs = _head_inputs(name, _inputs((4,)))
     extras = head((), inputs).rollout_extras
-    clean = _call(jitted)(head, inputs + 0.1, extras)
+    clean = stateless_call(jitted)(head, inputs + 0.1, extras)
     broken = {
         "pre_image": extras["pre_image"].at[1, 0].set(jnp.nan),
         "log_likelihood": extras["log_likelihood"].at[2].set(jnp.nan),
     }
-    out = _call(jitted)(head, inputs + 0.1, broken)
+    out = stateless_call(jitted)(head, inputs + 0.1, broken)
     nan_in = {
         "log_ratio": [1, 2],
         "approx_kl": [1, 2],
@@ -798,136 +628,6 @@ def test_log_ratio_metrics_refuse_the_other_kind_of_rollout_extras():
         with_ratio((), inputs, extras)
 
 
-def _all_samplers(**stream):
-    return [
-        samplers.NormalTanhSampler(entropy_weight=0.01, **stream),
-        samplers.SquashedNormalSampler(
-            entropy_weight=0.01, bijector=samplers.BoundedTanh(-2.0, 2.0), **stream
-        ),
-        samplers.StateIndependentSampler(action_dim=A, entropy_weight=0.01, **stream),
-        samplers.DistributionSampler(
-            entropy_weight=0.01,
-            make_distribution=lambda p: distrax.Independent(distrax.Normal(p, 1.0), 1),
-            **stream,
-        ),
-    ]
-
-
-def _sampler_inputs(head):
-    width = (
-        A
-        if isinstance(head, samplers.StateIndependentSampler | samplers.DistributionSampler)
-        else 2 * A
-    )
-    return _inputs((4,))[..., :width]
-
-
-def test_samplers_take_flax_rngs_keyword_and_give_the_positional_outputs():
-    keyword = _all_samplers(rngs=nnx.Rngs(5))
-    shared = nnx.Rngs(5)
-    positional = [type(head)(shared, **_options(head)) for head in keyword]
-    with pytest.deprecated_call(match=r"the rng= keyword is deprecated"):
-        deprecated = _all_samplers(rng=nnx.Rngs(5))
-    for ours, theirs, old in zip(keyword, positional, deprecated, strict=True):
-        x = _sampler_inputs(ours)
-        leaves = jax.tree.leaves(ours((), x))
-        for a, b, c in zip(
-            leaves, jax.tree.leaves(theirs((), x)), jax.tree.leaves(old((), x)), strict=True
-        ):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(a, c)
-
-
-def test_samplers_take_one_rng_stream_and_a_call_time_deterministic():
-    for i in range(4):
-        streams = nnx.Rngs(params=0, action=7)
-        ours = _all_samplers(rngs=streams.action)[i]
-        theirs = _all_samplers(rngs=nnx.Rngs(action=7))[i]
-        x = _sampler_inputs(ours)
-        first = ours((), x)
-        np.testing.assert_array_equal(first.output["action"], theirs((), x).output["action"])
-        # deterministic=True for one call acts as eval() does, and leaves the flag alone.
-        once = ours((), x, deterministic=True)
-        ours.eval()
-        evaluated = ours((), x)
-        ours.train()
-        np.testing.assert_array_equal(once.output["action"], evaluated.output["action"])
-        assert not ours.deterministic
-        ours.eval()
-        sampled = ours((), x, deterministic=False)
-        assert not np.array_equal(sampled.output["action"], evaluated.output["action"])
-        assert int(streams.params.count[...]) == 0
-
-
-def _options(head):
-    """The positional arguments after the stream that ``_all_samplers`` gave ``head``."""
-    if isinstance(head, samplers.DistributionSampler):
-        return {"entropy_weight": 0.01, "make_distribution": head._make_distribution.value}
-    if isinstance(head, samplers.StateIndependentSampler):
-        return {"action_dim": A, "entropy_weight": 0.01}
-    return {"entropy_weight": 0.01, "bijector": head.bijector}
-
-
-def test_samplers_draw_from_the_action_stream_and_fall_back_to_default():
-    named = nnx.Rngs(params=0, action=1)
-    for head in _all_samplers(rngs=named):
-        before = int(named.action.count[...])
-        head((), _sampler_inputs(head))
-        assert int(named.action.count[...]) == before + 2
-    assert int(named.params.count[...]) == 0
-    # The action stream seeded with 1 gives what the specified sampler draws from nnx.Rngs(1).
-    head = samplers.NormalTanhSampler(entropy_weight=0.01, rngs=nnx.Rngs(params=0, action=1))
-    mean_and_std = _inputs((4,))
-    spec = reference.spec_sampler_call(nnx.Rngs(1), mean_and_std, **OPTIONS)
-    np.testing.assert_array_equal(head((), mean_and_std).output["action"], spec["action"])
-    other = nnx.Rngs(params=0, noise=3)
-    samplers.NormalTanhSampler(rngs=other, entropy_weight=0.01, rng_collection="noise")(
-        (), mean_and_std
-    )
-    assert int(other.noise.count[...]) == 2
-
-
-def test_a_flax_module_built_with_named_streams_holds_a_sampler():
-    class Actor(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs):
-            self.linear = nnx.Linear(5, 2 * A, rngs=rngs)
-            self.head = samplers.NormalTanhSampler(entropy_weight=0.0, rngs=rngs)
-
-        def __call__(self, obs):
-            return self.head((), self.linear(obs)).output["action"]
-
-    actor = Actor(nnx.Rngs(params=0, action=1))
-    act = nnx.jit(lambda actor, obs: actor(obs))
-    first, second = act(actor, jnp.ones((2, 5))), act(actor, jnp.ones((2, 5)))
-    assert first.shape == (2, A) and not np.array_equal(first, second)
-
-
-@pytest.mark.parametrize(
-    "stream, error, message",
-    [
-        ({}, TypeError, r"a sampler needs a random stream: pass rngs=nnx.Rngs\(0\)"),
-        (
-            {"rngs": nnx.Rngs(params=0)},
-            ValueError,
-            r"the nnx.Rngs has no stream named 'action' and no 'default' stream to fall back to "
-            r"\(it has \['params'\]\); pass nnx.Rngs\(action=0\)",
-        ),
-        (
-            {"rngs": nnx.Rngs(0), "rng_collection": 3},
-            TypeError,
-            r"rng_collection must be a stream name, got 3",
-        ),
-    ],
-)
-def test_a_missing_or_bad_stream_is_refused(stream, error, message):
-    with pytest.raises(error, match=message):
-        samplers.NormalTanhSampler(entropy_weight=0.01, **stream)
-    with pytest.raises(error, match=message):
-        samplers.DistributionSampler(
-            entropy_weight=0.01, make_distribution=distrax.Normal, **stream
-        )
-
-
 def test_state_independent_std_is_floored_and_low_precision_computes_in_float32():
     head = samplers.StateIndependentSampler(nnx.Rngs(0), A, 0.01)
     head.log_std[...] = jnp.full((A,), -200.0)  # exp(-200) is 0 in float32
@@ -951,7 +651,7 @@ def test_entropy_points_is_deprecated_for_the_one_value_entropy():
     with pytest.deprecated_call(match=r"pass entropy=\('quadrature', 4\) as one value"):
         old = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy="quadrature", entropy_points=4)
     new = samplers.NormalTanhSampler(nnx.Rngs(0), 0.01, entropy=("quadrature", 4))
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     np.testing.assert_array_equal(
         old((), mean_and_std).regularization_loss, new((), mean_and_std).regularization_loss
     )
@@ -973,7 +673,7 @@ def test_entropy_points_is_deprecated_for_the_one_value_entropy():
 )
 def test_exact_entropy_cost_is_the_distributions_entropy_and_trains_it(bijector):
     head = samplers.SquashedNormalSampler(nnx.Rngs(0), 0.1, bijector=bijector, entropy="exact")
-    mean_and_std = _inputs((6,))
+    mean_and_std = _inputs((4,))
     out = head((), mean_and_std)
     expected = samplers.squashed_normal(mean_and_std, bijector).entropy()
     np.testing.assert_array_equal(out.regularization_loss, -0.1 * expected)

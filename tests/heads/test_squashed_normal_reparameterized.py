@@ -15,6 +15,7 @@ from flax import nnx
 
 import samplers
 from tests._tiers import JIT_MODES, SLOW, each_value_once
+from tests.reference import softplus_std_float64
 
 A = 3
 ALPHA = 0.2
@@ -41,7 +42,7 @@ def _noise(seed, shape):
 
 def _loss_float64(mean_and_std, eps):
     mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, axis=-1)
-    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    std = softplus_std_float64(raw_std, MIN_STD, STD_SCALE)
     x = mean + std * eps
     log_normal = -0.5 * eps**2 - np.log(std) - 0.5 * np.log(2 * np.pi)
     log_sech2 = 2 * np.log(2.0) - 2 * np.logaddexp(x, -x)
@@ -53,7 +54,7 @@ def _loss_float64(mean_and_std, eps):
 def _pathwise_gradient_float64(mean_and_std, eps):
     """The chain rule written out through ``x = mean + std * eps``."""
     mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, axis=-1)
-    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    std = softplus_std_float64(raw_std, MIN_STD, STD_SCALE)
     x = mean + std * eps
     tanh = np.tanh(x)
     # d log_likelihood / dx at fixed eps: -d log sech(x)**2 / dx = 2 tanh(x).
@@ -75,7 +76,7 @@ def _finite_difference_float64(mean_and_std, eps, step=1e-6):
     return gradient
 
 
-def _head(seed=0, **options):
+def _reparameterized_head(seed=0, **options):
     return samplers.NormalTanhSampler(
         nnx.Rngs(seed), 0.0, MIN_STD, STD_SCALE, reparameterized=True, **options
     )
@@ -96,11 +97,11 @@ def test_actor_loss_gradient_is_the_pathwise_gradient(where, jitted):
     grad = nnx.grad(_actor_loss, argnums=1)
     if jitted:
         grad = nnx.jit(grad)
-    head = _head()
+    head = _reparameterized_head()
     ours = np.asarray(grad(head, jnp.asarray(mean_and_std)))
 
     pre_image = np.split(mean_and_std.astype(np.float64), 2, -1)[0] + eps * (
-        (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+        softplus_std_float64(raw_std, MIN_STD, STD_SCALE)
     )
     if where == "saturated":
         assert np.all(np.abs(pre_image) >= 8.5)
@@ -121,7 +122,7 @@ def test_a_saturated_fresh_sample_keeps_its_small_action_gradient(jitted):
     mean_and_std = np.concatenate([SATURATED, np.full((2, A), -3.0)], -1).astype(np.float32)
     eps = _noise(0, (2, A))
     mean, raw_std = np.split(mean_and_std.astype(np.float64), 2, -1)
-    std = (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    std = softplus_std_float64(raw_std, MIN_STD, STD_SCALE)
     x = mean + std * eps
     assert np.all(np.abs(jnp.tanh(jnp.asarray(x, jnp.float32))) == 1.0)  # the backend's tanh
 
@@ -131,7 +132,7 @@ def test_a_saturated_fresh_sample_keeps_its_small_action_gradient(jitted):
     grad = nnx.grad(critic_loss, argnums=1)
     if jitted:
         grad = nnx.jit(grad)
-    ours = np.asarray(grad(_head(), jnp.asarray(mean_and_std)))
+    ours = np.asarray(grad(_reparameterized_head(), jnp.asarray(mean_and_std)))
     d_x = 2 * W * (np.tanh(x) - T) / np.cosh(x) ** 2
     d_raw_std = d_x * eps * STD_SCALE / (1 + np.exp(-raw_std))
     np.testing.assert_allclose(ours, np.concatenate([d_x, d_raw_std], -1), rtol=1e-5, atol=0)
@@ -140,9 +141,9 @@ def test_a_saturated_fresh_sample_keeps_its_small_action_gradient(jitted):
 def test_the_log_likelihood_and_action_are_those_of_the_pathwise_sample():
     mean_and_std = jnp.array([[0.3, -0.5, 1.2, -1.0, 0.0, 0.5]])
     eps = _noise(0, (1, A))
-    out = _head()((), mean_and_std)
+    out = _reparameterized_head()((), mean_and_std)
     mean, raw_std = np.split(np.asarray(mean_and_std, np.float64), 2, -1)
-    x = mean + eps * (np.logaddexp(raw_std, 0.0) + MIN_STD) * STD_SCALE
+    x = mean + eps * softplus_std_float64(raw_std, MIN_STD, STD_SCALE)
     np.testing.assert_allclose(out.rollout_extras, x, rtol=1e-6)
     np.testing.assert_allclose(out.output["action"], np.tanh(x), rtol=1e-6)
 
@@ -155,7 +156,7 @@ def test_default_has_no_gradient_through_the_fresh_sample():
 
     default = samplers.NormalTanhSampler(nnx.Rngs(0), 0.0)
     np.testing.assert_array_equal(nnx.grad(total_action, argnums=1)(default, mean_and_std), 0.0)
-    pathwise = nnx.grad(total_action, argnums=1)(_head(), mean_and_std)
+    pathwise = nnx.grad(total_action, argnums=1)(_reparameterized_head(), mean_and_std)
     assert np.all(pathwise[..., :A] > 0)  # d tanh(x) / d mean = 1 - tanh(x)**2
 
 
@@ -376,7 +377,7 @@ def test_nnx_scan_over_steps_gives_the_python_loop_gradient():
         _, losses = step(head, sequence)
         return jnp.sum(losses)
 
-    expected = nnx.grad(looped, argnums=1)(_head(7), sequence)
-    ours = nnx.grad(scanned, argnums=1)(_head(7), sequence)
+    expected = nnx.grad(looped, argnums=1)(_reparameterized_head(7), sequence)
+    ours = nnx.grad(scanned, argnums=1)(_reparameterized_head(7), sequence)
     assert np.all(np.asarray(expected) != 0)
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)

@@ -5,6 +5,8 @@ cloned sampler continues the identical stream. A long ``nnx.scan`` soak checks
 that the stream never repeats a key and the outputs never turn NaN.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,10 +15,12 @@ from flax import errors, nnx
 
 import samplers
 from tests._tiers import slow
+from tests.helpers import keys_drawn, normal_inputs
 
 A = 2
 ENTROPY_WEIGHT = 0.01
 BOUNDS = (jnp.array([-2.0, 0.0]), jnp.array([3.0, 0.5]))
+_inputs = functools.partial(normal_inputs, (4,), 2 * A, scale=3.0)
 
 
 def _orbax():
@@ -34,24 +38,16 @@ def _sampler(kind, seed):
     )
 
 
-def _count(sampler):
-    return int(sampler.rng.default.count[...])
-
-
-def _inputs(seed):
-    return 3.0 * jax.random.normal(jax.random.key(seed), (4, 2 * A))
-
-
 def _next_outputs(sampler):
     """Rollout, replay, eval rollout and a train rollout again: what a stream decides."""
     outputs = []
-    rollout = sampler((), _inputs(0))
+    rollout = sampler((), _inputs(seed=0))
     outputs.append(rollout)
-    outputs.append(sampler((), _inputs(0), rollout.rollout_extras))
+    outputs.append(sampler((), _inputs(seed=0), rollout.rollout_extras))
     sampler.eval()
-    outputs.append(sampler((), _inputs(1)))
+    outputs.append(sampler((), _inputs(seed=1)))
     sampler.train()
-    outputs.append(sampler((), _inputs(2)))
+    outputs.append(sampler((), _inputs(seed=2)))
     return jax.tree.map(np.asarray, outputs)
 
 
@@ -68,7 +64,7 @@ def _assert_identical(expected, actual):
 def test_orbax_checkpoint_restores_a_sampler_that_continues_the_identical_stream(kind, tmp_path):
     original = _sampler(kind, seed=7)
     for seed in range(3):  # move the stream away from its start
-        original((), _inputs(seed))
+        original((), _inputs(seed=seed))
     checkpointer = _orbax().StandardCheckpointer()
     checkpointer.save(tmp_path / "sampler", nnx.state(original))
     checkpointer.wait_until_finished()
@@ -77,19 +73,19 @@ def test_orbax_checkpoint_restores_a_sampler_that_continues_the_identical_stream
     restored = nnx.merge(graphdef, checkpointer.restore(tmp_path / "sampler", abstract_state))
     checkpointer.close()
 
-    assert _count(restored) == _count(original) == 6
+    assert keys_drawn(restored) == keys_drawn(original) == 6
     np.testing.assert_array_equal(
         jax.random.key_data(restored.rng.default.key[...]),
         jax.random.key_data(original.rng.default.key[...]),
     )
     _assert_identical(_next_outputs(original), _next_outputs(restored))
-    assert _count(restored) == _count(original)
+    assert keys_drawn(restored) == keys_drawn(original)
 
 
 @pytest.mark.slow
 def test_orbax_restore_with_nnx_update_overwrites_a_differently_seeded_stream(tmp_path):
     original = _sampler("tanh", seed=3)
-    original((), _inputs(0))
+    original((), _inputs(seed=0))
     checkpointer = _orbax().StandardCheckpointer()
     checkpointer.save(tmp_path / "sampler", nnx.state(original))
     checkpointer.wait_until_finished()
@@ -104,13 +100,13 @@ def test_orbax_restore_with_nnx_update_overwrites_a_differently_seeded_stream(tm
 @pytest.mark.parametrize("kind", ["tanh", slow("bounded")])
 def test_clone_continues_the_identical_stream_independently(kind):
     original = _sampler(kind, seed=5)
-    original((), _inputs(0))
+    original((), _inputs(seed=0))
     clone = nnx.clone(original)
     _assert_identical(_next_outputs(original), _next_outputs(clone))
 
-    before = _count(original)
-    clone((), _inputs(3))
-    assert _count(original) == before and _count(clone) == before + 2
+    before = keys_drawn(original)
+    clone((), _inputs(seed=3))
+    assert keys_drawn(original) == before and keys_drawn(clone) == before + 2
 
 
 SOAK_STEPS = 100_000
@@ -153,7 +149,7 @@ def test_soak_of_100_000_scan_steps_never_yields_nan_nor_repeats_a_key():
     keys, values, actions, pre_images = soak(sampler, sequence)
     keys, values, actions = np.asarray(keys), np.asarray(values), np.asarray(actions)
 
-    assert _count(sampler) == 4 * SOAK_STEPS
+    assert keys_drawn(sampler) == 4 * SOAK_STEPS
     assert np.all(np.isfinite(values)) and np.all(np.isfinite(actions))
     assert np.all(np.abs(actions) <= 1.0)
     np.testing.assert_array_equal(values[:, 1], values[:, 0])  # the PPO ratio is exactly 1

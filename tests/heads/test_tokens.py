@@ -14,6 +14,8 @@ from scipy import special
 
 import samplers
 from tests._tiers import SLOW, slow
+from tests.helpers import TRACES, eager_call, jitted_call, keys_drawn
+from tests.reference import masked_log_softmax_float64
 
 V, D, N, K = 61, 8, 12, 16
 BLOCK = (4, 16)  # tiles of 4 tokens, vocabulary blocks of 16 (the last one of 13)
@@ -25,7 +27,7 @@ TRUNCATIONS = {
 }
 
 
-def _head(rngs=None, **options):
+def _token_head(rngs=None, **options):
     rngs = nnx.Rngs(0) if rngs is None else rngs
     return samplers.TokenSampler(rngs, WEIGHT, vocab_size=V, max_kept=K, block=BLOCK, **options)
 
@@ -34,7 +36,7 @@ def _dist(inputs, mask=None, **options):
     return samplers.TokenCategorical(*inputs, mask=mask, max_kept=K, block=BLOCK, **options)
 
 
-def _inputs(seed=0, rows=N, bias=False):
+def _hidden_and_unembedding(seed=0, rows=N, bias=False):
     rng = np.random.default_rng(seed)
     hidden = rng.normal(size=(rows, D)).astype(np.float32)
     unembedding = (0.8 * rng.normal(size=(D, V))).astype(np.float32)
@@ -50,31 +52,15 @@ def _mask(seed=0, rows=N):
     return mask
 
 
-def _count(head):
-    return sum(int(count) for count in jax.tree.leaves(nnx.state(head, nnx.RngCount)))
-
-
 def _log_probs64(inputs, mask, temperature=1.0):
     """float64 log-probabilities over the whole vocabulary, ``[N, V]``."""
     hidden, unembedding, *bias = (np.asarray(a, np.float64) for a in inputs)
     logits = (hidden @ unembedding + (bias[0] if bias else 0.0)) / temperature
-    logits = np.where(mask, logits, -np.inf) if mask is not None else logits
-    return logits - special.logsumexp(logits, axis=-1, keepdims=True)
+    return masked_log_softmax_float64(logits, mask)
 
 
 def _token(extras):
     return extras["token"] if isinstance(extras, dict) else extras
-
-
-TRACES = []
-
-
-@nnx.jit
-def _call(head, state, inputs, extras=None, mask=None):
-    """``head(state, inputs, extras, mask=mask)`` under ``nnx.jit``. Most tests share its
-    shapes (``N`` tokens, a per-token mask) and options, so that they share its programs."""
-    TRACES.append(None)
-    return head(state, inputs, extras, mask=mask)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -88,7 +74,7 @@ def _jax_jit_call(head, state, inputs, extras=None, mask=None):
     return _merged_call(*nnx.split(head), state, inputs, extras, mask)
 
 
-CALLS = {"eager": _call.__wrapped__, "jax.jit": _jax_jit_call, "nnx.jit": _call}
+CALLS = {"eager": eager_call, "jax.jit": _jax_jit_call, "nnx.jit": jitted_call}
 DEFAULT_TIER = {("full", "nnx.jit"), ("top_p", "nnx.jit"), ("top_k+min_p", "jax.jit")}
 
 
@@ -102,9 +88,9 @@ DEFAULT_TIER = {("full", "nnx.jit"), ("top_p", "nnx.jit"), ("top_k+min_p", "jax.
 )
 def test_a_replay_reproduces_the_rollout_bit_for_bit(truncation, call):
     options, per_env = TRUNCATIONS[truncation], call == "jax.jit"
-    rollout_head = _head(**options, per_env_streams=per_env)
-    replay_head = _head(**options, per_env_streams=per_env)
-    inputs, mask = _inputs(), _mask()
+    rollout_head = _token_head(**options, per_env_streams=per_env)
+    replay_head = _token_head(**options, per_env_streams=per_env)
+    inputs, mask = _hidden_and_unembedding(), _mask()
     state = rollout_head.initialize_state(N) if per_env else ()
     out = CALLS[call](rollout_head, state, inputs, mask=mask)
     again = CALLS[call](replay_head, state, inputs, out.rollout_extras, mask)
@@ -166,9 +152,9 @@ def _ppo(log_likelihood, old, advantage, regularization):
 def test_the_ppo_loss_and_its_gradient_are_those_of_the_distribution(truncation):
     """The first PPO ratio is exactly 1; after an update, the loss and its gradient
     w.r.t. the hidden states, the unembedding and the bias are TokenCategorical's."""
-    head = _head(**TRUNCATIONS[truncation])
-    rollout_inputs, mask = _inputs(seed=6, bias=True), _mask(seed=6)
-    out = _call(head, (), rollout_inputs, mask=mask)
+    head = _token_head(**TRUNCATIONS[truncation])
+    rollout_inputs, mask = _hidden_and_unembedding(seed=6, bias=True), _mask(seed=6)
+    out = jitted_call(head, (), rollout_inputs, mask=mask)
     extras, old = out.rollout_extras, out.output["log_likelihood"]
     advantage = jnp.asarray(np.random.default_rng(6).normal(size=N), jnp.float32)
     (_, first), _ = _ppo_through_head(head, rollout_inputs, extras, old, advantage, mask)
@@ -176,7 +162,7 @@ def test_the_ppo_loss_and_its_gradient_are_those_of_the_distribution(truncation)
     inputs = tuple(a + 0.05 for a in rollout_inputs)  # the parameters after an update
     (value, _), grads = _ppo_through_head(head, inputs, extras, old, advantage, mask)
     expected, expected_grads = _ppo_direct(inputs, extras, old, advantage, mask, truncation)
-    assert _count(head) == 2  # the rollout's keys only
+    assert keys_drawn(head) == 2  # the rollout's keys only
     np.testing.assert_allclose(value, expected, rtol=1e-6)
     for got, want in zip(grads, expected_grads, strict=True):  # hidden, unembedding, bias
         assert np.any(np.asarray(want) != 0)
@@ -186,35 +172,35 @@ def test_the_ppo_loss_and_its_gradient_are_those_of_the_distribution(truncation)
 @pytest.mark.parametrize("truncation", [slow("full", id="full"), "top_p"])
 def test_eval_takes_the_greedy_token_and_draws_no_key(truncation):
     options = TRUNCATIONS[truncation]
-    head = _head(**options)
-    inputs, mask = _inputs(seed=2), _mask(seed=2)
+    head = _token_head(**options)
+    inputs, mask = _hidden_and_unembedding(seed=2), _mask(seed=2)
     head.eval()
-    out = _call(head, (), inputs, mask=mask)
-    assert _count(head) == 0
+    out = jitted_call(head, (), inputs, mask=mask)
+    assert keys_drawn(head) == 0
     greedy = np.argmax(_log_probs64(inputs, mask), -1)  # the truncation keeps it
     np.testing.assert_array_equal(out.output["action"], greedy)
     np.testing.assert_array_equal(out.output["action"], _dist(inputs, mask, **options).mode())
     head.train()
-    again = _call(head, (), inputs, out.rollout_extras, mask)
+    again = jitted_call(head, (), inputs, out.rollout_extras, mask)
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
 
 
 @pytest.mark.parametrize("truncation", ["full", slow("top_p", id="top_p")])
 def test_a_forbidden_token_is_never_sampled_and_scores_minus_inf(truncation):
-    head = _head(**TRUNCATIONS[truncation])
-    hidden, unembedding = _inputs(seed=3)
+    head = _token_head(**TRUNCATIONS[truncation])
+    hidden, unembedding = _hidden_and_unembedding(seed=3)
     inputs = (jnp.tile(hidden[:1], (N, 1)), unembedding)  # N draws from one distribution
     favourite = int(np.argmax(np.asarray(hidden[0] @ unembedding)))
     mask = np.ones((N, V), bool)
     mask[:, [favourite, (favourite + 1) % V]] = False  # the most probable tokens
     for _ in range(4):
-        out = _call(head, (), inputs, mask=mask)
+        out = jitted_call(head, (), inputs, mask=mask)
         action = np.asarray(out.output["action"])
         assert np.all(mask[0, action]) and np.all(np.isfinite(out.output["log_likelihood"]))
     # A replay whose mask also forbids the token of every other row scores -inf there.
     forbid = mask.copy()
     forbid[np.arange(0, N, 2), action[::2]] = False
-    again = _call(head, (), inputs, out.rollout_extras, forbid)
+    again = jitted_call(head, (), inputs, out.rollout_extras, forbid)
     log_likelihood = np.asarray(again.output["log_likelihood"])
     assert np.all(log_likelihood[::2] == -np.inf)
     assert np.all(np.isfinite(log_likelihood[1::2]))
@@ -222,19 +208,19 @@ def test_a_forbidden_token_is_never_sampled_and_scores_minus_inf(truncation):
 
 @pytest.mark.slow
 def test_a_sub_batch_with_its_keys_samples_the_same_tokens_bit_for_bit():
-    head = _head(top_p=0.8, per_env_streams=True)
-    hidden, unembedding = _inputs(seed=4)
+    head = _token_head(top_p=0.8, per_env_streams=True)
+    hidden, unembedding = _hidden_and_unembedding(seed=4)
     mask = _mask(seed=4)
     keys = head.initialize_state(N)
-    whole = _call(head, keys, (hidden, unembedding), mask=mask)
-    part = _call(head, keys[3:9], (hidden[3:9], unembedding), mask=mask[3:9])
+    whole = jitted_call(head, keys, (hidden, unembedding), mask=mask)
+    part = jitted_call(head, keys[3:9], (hidden[3:9], unembedding), mask=mask[3:9])
     for name in ("action", "log_likelihood"):
         np.testing.assert_array_equal(part.output[name], whole.output[name][3:9])
     np.testing.assert_array_equal(
         part.rollout_extras["support"], whole.rollout_extras["support"][3:9]
     )
     # The keys advance: the next step draws other tokens.
-    later = _call(head, whole.next_state, (hidden, unembedding), mask=mask)
+    later = jitted_call(head, whole.next_state, (hidden, unembedding), mask=mask)
     assert np.any(np.asarray(later.output["action"]) != np.asarray(whole.output["action"]))
 
 
@@ -242,15 +228,15 @@ def test_a_sub_batch_with_its_keys_samples_the_same_tokens_bit_for_bit():
     "per_env_streams", [pytest.param(False, id="shared-stream"), slow(True, id="per-env")]
 )
 def test_a_replay_draws_no_key(per_env_streams):
-    head = _head(top_p=0.8, per_env_streams=per_env_streams)
-    inputs, mask = _inputs(seed=5), _mask(seed=5)
+    head = _token_head(top_p=0.8, per_env_streams=per_env_streams)
+    inputs, mask = _hidden_and_unembedding(seed=5), _mask(seed=5)
     state = head.initialize_state(N) if per_env_streams else ()
-    drawn = _count(head)
-    out = _call(head, state, inputs, mask=mask)
-    assert _count(head) == drawn + (0 if per_env_streams else 2)
-    drawn = _count(head)
-    again = _call(head, state, inputs, out.rollout_extras, mask)
-    assert _count(head) == drawn
+    drawn = keys_drawn(head)
+    out = jitted_call(head, state, inputs, mask=mask)
+    assert keys_drawn(head) == drawn + (0 if per_env_streams else 2)
+    drawn = keys_drawn(head)
+    again = jitted_call(head, state, inputs, out.rollout_extras, mask)
+    assert keys_drawn(head) == drawn
     if per_env_streams:
         np.testing.assert_array_equal(
             jax.random.key_data(again.next_state), jax.random.key_data(state)
@@ -260,9 +246,9 @@ def test_a_replay_draws_no_key(per_env_streams):
 @pytest.mark.parametrize("truncation", list(TRUNCATIONS))
 def test_the_metrics_against_float64(truncation):
     options = TRUNCATIONS[truncation]
-    inputs, mask = _inputs(seed=7), _mask(seed=7)
-    call = _jax_jit_call if truncation == "top_k+min_p" else _call  # the programs above
-    head = _head(**options, per_env_streams=call is _jax_jit_call)
+    inputs, mask = _hidden_and_unembedding(seed=7), _mask(seed=7)
+    call = _jax_jit_call if truncation == "top_k+min_p" else jitted_call  # the programs above
+    head = _token_head(**options, per_env_streams=call is _jax_jit_call)
     out = call(head, head.initialize_state(N) if head.per_env_streams else (), inputs, mask=mask)
     size, kept_mass = np.asarray(out.metrics["support_size"]), out.metrics["kept_mass"]
     if not options:
@@ -279,8 +265,8 @@ def test_the_metrics_against_float64(truncation):
 
 
 def test_the_network_output_must_be_hidden_states_and_an_unembedding():
-    head = _head()
-    hidden, unembedding = _inputs()
+    head = _token_head()
+    hidden, unembedding = _hidden_and_unembedding()
     takes = r"TokenSampler takes inputs=\(hidden \[\*batch, D\], unembedding \[D, V\]\)"
     with pytest.raises(TypeError, match=takes + r".*got ArrayImpl;.*not the logits"):
         head((), hidden @ unembedding)
@@ -293,7 +279,7 @@ def test_the_network_output_must_be_hidden_states_and_an_unembedding():
         head((), (hidden, unembedding[:, :60]))
     with pytest.raises(AttributeError, match="TokenSampler has no num_params"):
         head.num_params  # noqa: B018
-    assert _count(head) == 0  # refused before drawing a key
+    assert keys_drawn(head) == 0  # refused before drawing a key
 
 
 @pytest.mark.parametrize(
@@ -317,14 +303,14 @@ def test_bad_options_raise_at_construction(options, error, match):
 
 def test_a_composite_refuses_it_for_its_tuple_of_inputs():
     with pytest.raises(ValueError, match="num_params"):
-        samplers.CompositeSampler({"token": _head()}, rngs=nnx.Rngs(0))
+        samplers.CompositeSampler({"token": _token_head()}, rngs=nnx.Rngs(0))
 
 
 def test_nnx_jit_traces_once_for_new_inputs_and_state():
-    head, mask = _head(top_p=0.8), _mask()
-    out = _call(head, (), _inputs(seed=8), mask=mask)
-    _call(head, (), _inputs(seed=8), out.rollout_extras, mask)
+    head, mask = _token_head(top_p=0.8), _mask()
+    out = jitted_call(head, (), _hidden_and_unembedding(seed=8), mask=mask)
+    jitted_call(head, (), _hidden_and_unembedding(seed=8), out.rollout_extras, mask)
     traces = len(TRACES)
-    later = _call(head, (), _inputs(seed=9), mask=mask)
-    _call(head, (), _inputs(seed=9), later.rollout_extras, mask)
+    later = jitted_call(head, (), _hidden_and_unembedding(seed=9), mask=mask)
+    jitted_call(head, (), _hidden_and_unembedding(seed=9), later.rollout_extras, mask)
     assert len(TRACES) == traces
