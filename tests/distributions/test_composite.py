@@ -194,7 +194,5 @@ def test_what_cannot_be_a_composite_is_refused_naming_the_fix():
     ):
         samplers.Parameterized(samplers.MaskedCategorical(_logits(0)), (_normal(1),))
     dist = samplers.Composite({"a": _normal(0), "b": samplers.MaskedCategorical(_logits(1))})
-    with pytest.raises(
-        ValueError, match=r"replay data must be a dict with the keys \['a', 'b'\]"
-    ):
+    with pytest.raises(ValueError, match=r"replay data must be a dict with the keys \['a', 'b'\]"):
         dist.check_replay_data({"a": jnp.zeros((B, 2))})
