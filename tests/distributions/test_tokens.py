@@ -713,7 +713,7 @@ def test_deterministic_replay_data_is_the_mode_on_the_current_support():
         dist.check_replay_data({"token": np.zeros(N, np.int32), "support": np.zeros((N, 4))})
     with pytest.raises(TypeError, match="the stored token must be integer token ids"):
         dist.check_replay_data({"token": np.zeros(N - 1, np.int32), "support": data["support"]})
-    with pytest.raises(TypeError, match="rollout_extras must be integer token ids"):
+    with pytest.raises(TypeError, match="the stored token must be integer token ids"):
         full.check_replay_data(np.zeros(N, np.float32))
 
 
