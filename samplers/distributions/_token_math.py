@@ -131,17 +131,19 @@ def log(x: Array) -> Array:
     return jnp.where((x < 0) | jnp.isnan(x), jnp.nan, out)
 
 
-def tree_sum(x: Array) -> Array:
-    """The sum over the last axis in a fixed binary tree (padded with zeros to a power
-    of two): the same bits for a row whatever the rows beside it."""
-    width = x.shape[-1]
+def tree_sum(x: Array, axis: int = -1) -> Array:
+    """The sum over ``axis`` in a fixed binary tree, ``x[i] + x[i + half]`` at each
+    level (padded with zeros to a power of two): the same bits for an element whatever
+    the array around it, and whichever axis holds the terms."""
+    x = jnp.moveaxis(x, axis, 0)
+    width = x.shape[0]
     size = 1 << max(width - 1, 0).bit_length()
     if size != width:
-        x = jnp.concatenate([x, jnp.zeros((*x.shape[:-1], size - width), x.dtype)], -1)
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
+        x = jnp.concatenate([x, jnp.zeros((size - width, *x.shape[1:]), x.dtype)], 0)
+    while x.shape[0] > 1:
+        half = x.shape[0] // 2
+        x = x[:half] + x[half:]
+    return x[0]
 
 
 def log_softmax(raw: Array, scale: Array) -> Array:
@@ -160,9 +162,10 @@ def log_softmax(raw: Array, scale: Array) -> Array:
 class Source(NamedTuple):
     """The logits of ``N`` rows over ``V`` tokens, never built whole.
 
-    Either ``hidden [N, D]`` with ``table [V, D]`` (the unembedding transposed), or
-    ``logits [N, V]``; ``bias [V]`` or None; ``scale [N]``, one over the temperature;
-    ``shared_mask [V]`` and ``row_mask [N, V]`` booleans or None. The per-row arrays
+    Either ``hidden [N, D]`` with ``table [V, D]`` (an embedding table) or
+    ``unembedding [D, V]``, or ``logits [N, V]``; ``bias [V]`` or None; ``scale [N]``,
+    one over the temperature; ``shared_mask [V]`` and ``row_mask [N, V]`` booleans or
+    None. The per-row arrays
     are ``hidden``, ``logits``, ``scale`` and ``row_mask``.
 
     The raw logits (:meth:`block`, :meth:`gathered`) are ``hidden @ table.T + bias``
@@ -174,6 +177,7 @@ class Source(NamedTuple):
     # Arrays or None (typed Any: a VJP puts None where a cotangent is zero).
     hidden: Any
     table: Any
+    unembedding: Any
     logits: Any
     bias: Any
     scale: Any
@@ -186,12 +190,26 @@ class Source(NamedTuple):
 
     @property
     def vocab(self) -> int:
-        return self.logits.shape[-1] if self.table is None else self.table.shape[0]
+        if self.table is not None:
+            return self.table.shape[0]
+        return (self.unembedding if self.logits is None else self.logits).shape[-1]
 
     @property
     def dtype(self):
-        arrays = [a for a in (self.hidden, self.table, self.logits) if a is not None]
+        arrays = [a for a in (self.hidden, self.weights, self.logits) if a is not None]
         return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
+
+    @property
+    def weights(self):
+        """The table or the unembedding, whichever is given (None for logits)."""
+        return self.unembedding if self.table is None else self.table
+
+    def as_table(self) -> "Source":
+        """With the unembedding transposed into a table, whose rows a gather reads
+        contiguously (once for many gathers, rather than columns at a time)."""
+        if self.unembedding is None:
+            return self
+        return self._replace(table=self.unembedding.T, unembedding=None)
 
     def tiles(self, rows: int) -> tuple:
         """The per-row arrays, padded to a multiple of ``rows`` and split in tiles
@@ -213,11 +231,14 @@ class Source(NamedTuple):
         dtype = self.dtype
         if self.logits is not None:
             raw = lax.dynamic_slice_in_dim(self.logits, start, size, axis=1).astype(dtype)
-        else:
+        elif self.table is not None:
             weights = lax.dynamic_slice_in_dim(self.table, start, size, axis=0)
             raw = lax.dot_general(
                 self.hidden, weights, (((1,), (1,)), ((), ())), preferred_element_type=dtype
             ).astype(dtype)
+        else:
+            weights = lax.dynamic_slice_in_dim(self.unembedding, start, size, axis=1)
+            raw = jnp.dot(self.hidden, weights, preferred_element_type=dtype).astype(dtype)
         if self.bias is not None:
             raw = raw + lax.dynamic_slice_in_dim(self.bias, start, size).astype(dtype)[None]
         if self.shared_mask is not None:
@@ -237,8 +258,13 @@ class Source(NamedTuple):
         if self.logits is not None:
             raw = jnp.take_along_axis(self.logits, safe, -1).astype(dtype)
         else:
-            rows = jnp.take(self.table, safe, axis=0).astype(dtype)  # [R, K, D]
-            raw = tree_sum(self.hidden.astype(dtype)[:, None, :] * rows)
+            hidden = self.hidden.astype(dtype)
+            if self.table is not None:
+                rows = jnp.take(self.table, safe, axis=0).astype(dtype)  # [R, K, D]
+                raw = tree_sum(hidden[:, None, :] * rows)
+            else:  # few ids: their columns, [D, R, K], the same sums over the first axis
+                columns = jnp.take(self.unembedding, safe, axis=1).astype(dtype)
+                raw = tree_sum(hidden.T[:, :, None] * columns, axis=0)
         if self.bias is not None:
             raw = raw + jnp.take(self.bias, safe).astype(dtype)
         return jnp.where(allowed, raw, -jnp.inf)
@@ -322,10 +348,18 @@ def support_log_probs(source: Source, ids: Array, allowed: Array) -> Array:
     return _support_forward(source, ids, allowed)
 
 
+def _gathering(source: Source, count: int) -> Source:
+    """The source to gather ``count`` ids from: an unembedding's columns for a few ids
+    (a decoding step's), else its transpose, whose rows are contiguous."""
+    few = source.unembedding is not None and count <= source.vocab
+    return source if few else source.as_table()
+
+
 def _support_map(source: Source, ids: Array, allowed: Array, fn) -> Array:
     """``fn(tile source, ids, allowed)`` over tiles of rows within the byte budget."""
     depth = 1 if source.hidden is None else source.hidden.shape[-1]
     rows = support_rows(source.rows, ids.shape[-1], depth)
+    source = _gathering(source, ids.size)
 
     def one(tile):
         *parts, tile_ids, tile_allowed = tile
@@ -367,7 +401,7 @@ def _support_bwd(residuals, cotangent):
     d_logits = cotangent - probs * cotangent.sum(-1, keepdims=True)
     d_raw = (d_logits * source.scale[:, None]).astype(dtype)
     safe = jnp.clip(ids, 0, source.vocab - 1)
-    grads = dict.fromkeys(("hidden", "table", "logits", "bias"))
+    grads = dict.fromkeys(("hidden", "table", "unembedding", "logits", "bias"))
     if source.bias is not None:
         d_bias = jnp.zeros(source.vocab, dtype).at[safe.reshape(-1)].add(d_raw.reshape(-1))
         grads["bias"] = d_bias.astype(source.bias.dtype)
@@ -376,30 +410,39 @@ def _support_bwd(residuals, cotangent):
         d_dense = jnp.zeros(source.logits.shape, dtype).at[rows, safe].add(d_raw)
         grads["logits"] = d_dense.astype(source.logits.dtype)
     else:
-        grads["hidden"], grads["table"] = _gathered_vjp(source, safe, d_raw)
+        d_hidden, d_table = _gathered_vjp(source, safe, d_raw)
+        grads["hidden"] = d_hidden
+        grads["table" if source.table is not None else "unembedding"] = (
+            d_table if source.table is not None else d_table.T
+        )
     return Source(**grads, scale=None, shared_mask=None, row_mask=None), None, None
 
 
 def _gathered_vjp(source: Source, ids: Array, d_raw: Array) -> tuple[Array, Array]:
     """The gradients of gathered logits, tile by tile: ``d_hidden[r] = sum_k d[r, k]
     table[ids[r, k]]``; table row ``ids[r, k]`` gets ``d[r, k] hidden[r]``, summed in
-    the computing dtype."""
+    the computing dtype. Returns the hidden states' and the table's ``[V, D]``."""
     dtype = source.dtype
-    hidden, table = source.hidden, source.table
+    hidden, weights = source.hidden, source.weights
     depth = hidden.shape[-1]
     rows = support_rows(source.rows, ids.shape[-1], depth)
     tiles = (_pad_rows(hidden, rows, 0), _pad_rows(ids, rows, 0), _pad_rows(d_raw, rows, 0))
+    gathering = _gathering(source, ids.size)
 
     def step(d_table, tile):
         h, tile_ids, d = tile
-        gathered = jnp.take(table, tile_ids, axis=0).astype(dtype)
+        if gathering.table is not None:
+            gathered = jnp.take(gathering.table, tile_ids, axis=0).astype(dtype)
+        else:
+            columns = jnp.take(gathering.unembedding, tile_ids, axis=1)
+            gathered = jnp.moveaxis(columns, 0, -1).astype(dtype)
         d_hidden = (d[..., None] * gathered).sum(1)
         updates = (d[..., None] * h.astype(dtype)[:, None, :]).reshape(-1, depth)
         return d_table.at[tile_ids.reshape(-1)].add(updates), d_hidden
 
-    d_table, d_hidden = lax.scan(step, jnp.zeros(table.shape, dtype), tiles)
+    d_table, d_hidden = lax.scan(step, jnp.zeros((source.vocab, depth), dtype), tiles)
     d_hidden = d_hidden.reshape(-1, depth)[: source.rows]
-    return d_hidden.astype(hidden.dtype), d_table.astype(table.dtype)
+    return d_hidden.astype(hidden.dtype), d_table.astype(weights.dtype)
 
 
 support_log_probs.defvjp(_support_fwd, _support_bwd)
@@ -530,7 +573,8 @@ def _full_bwd(config, residuals, cotangents):
     dtype, n, vocab = source.dtype, source.rows, source.vocab
     factorized = source.logits is None
     # bfloat16 weights: the products take bfloat16 operands and accumulate in float32.
-    operands = jnp.result_type(source.hidden, source.table) if factorized else dtype
+    operands = jnp.result_type(source.hidden, source.weights) if factorized else dtype
+    by_rows = source.table is not None
     # Padding rows get a log-normaliser of +inf, so probabilities of 0.
     per_row = (
         *source.tiles(rows),
@@ -559,19 +603,30 @@ def _full_bwd(config, residuals, cotangents):
             hit = (t[:, None] == start + jnp.arange(width)[None]) & (logits > -jnp.inf)
             d = (d + jnp.where(hit, g_token[:, None], 0.0)) * tile.scale[:, None]
             if factorized:
-                low = d.astype(operands)
-                weights = lax.dynamic_slice_in_dim(source.table, start, width, axis=0)
-                product = jnp.dot(low, weights.astype(operands), preferred_element_type=dtype)
+                low, h = d.astype(operands), tile.hidden.astype(operands)
+                if by_rows:
+                    weights = lax.dynamic_slice_in_dim(source.table, start, width, axis=0)
+                    product = jnp.dot(low, weights.astype(operands), preferred_element_type=dtype)
+                    block_grad = jnp.dot(low.T, h, preferred_element_type=dtype)
+                else:
+                    weights = lax.dynamic_slice_in_dim(source.unembedding, start, width, axis=1)
+                    product = lax.dot_general(
+                        low,
+                        weights.astype(operands),
+                        (((1,), (1,)), ((), ())),
+                        preferred_element_type=dtype,
+                    )
+                    block_grad = jnp.dot(h.T, low, preferred_element_type=dtype)
                 rows_grad = lax.dynamic_index_in_dim(out, index, keepdims=False) + product
                 out = lax.dynamic_update_index_in_dim(out, rows_grad, index, 0)
-                h = tile.hidden.astype(operands)
-                d_table_block = d_table_block + jnp.dot(low.T, h, preferred_element_type=dtype)
+                d_table_block = d_table_block + block_grad
             else:
                 out = lax.dynamic_update_index_in_dim(out, d, index, 0)
             return (d_table_block, d_bias_block + d.sum(0), out), None
 
         if factorized:
-            init = (jnp.zeros((width, depth), dtype), jnp.zeros(width, dtype), d_hidden)
+            shape = (width, depth) if by_rows else (depth, width)
+            init = (jnp.zeros(shape, dtype), jnp.zeros(width, dtype), d_hidden)
         else:
             logits_init = jnp.zeros((count, rows, width), dtype)
             init = (jnp.zeros((), dtype), jnp.zeros(width, dtype), logits_init)
@@ -581,7 +636,8 @@ def _full_bwd(config, residuals, cotangents):
         d_bias = lax.dynamic_update_slice_in_dim(d_bias, d_bias_block, start, 0)
         if factorized:
             update = d_table_block.astype(d_table.dtype)
-            return out, lax.dynamic_update_slice_in_dim(d_table, update, start, 0), d_logits, d_bias
+            d_table = lax.dynamic_update_slice_in_dim(d_table, update, start, 0 if by_rows else 1)
+            return out, d_table, d_logits, d_bias
         update = out.reshape(-1, width).astype(d_logits.dtype)
         d_logits = lax.dynamic_update_slice_in_dim(d_logits, update, start, 1)
         return d_hidden, d_table, d_logits, d_bias
@@ -589,7 +645,7 @@ def _full_bwd(config, residuals, cotangents):
     if factorized:
         init = (
             jnp.zeros((count, rows, depth), dtype),
-            jnp.zeros(source.table.shape, source.table.dtype),
+            jnp.zeros(source.weights.shape, source.weights.dtype),
             None,
             jnp.zeros(vocab, dtype),
         )
@@ -599,10 +655,10 @@ def _full_bwd(config, residuals, cotangents):
     d_hidden, d_table, d_logits, d_bias = cast(
         tuple[Any, Any, Any, Any], _fold_blocks(vocab, size, block_gradients, init)
     )
-    grads = dict.fromkeys(("hidden", "table", "logits", "bias"))
+    grads = dict.fromkeys(("hidden", "table", "unembedding", "logits", "bias"))
     if factorized:
         grads["hidden"] = d_hidden.reshape(-1, depth)[:n].astype(source.hidden.dtype)
-        grads["table"] = d_table
+        grads["table" if by_rows else "unembedding"] = d_table
     else:
         grads["logits"] = d_logits[:n]
     if source.bias is not None:
@@ -631,7 +687,9 @@ def top_k(values: Array, k: int) -> tuple[Array, Array]:
         filler = jnp.full((rows, k - width), -jnp.inf, values.dtype)
         values = jnp.concatenate([values, filler], -1)
         width = k
+    # On the CPU, lax.top_k's cost hardly depends on the width: one stage.
     chunk = 16 if width >= 64 * k else 8 if width >= 16 * k else 1
+    chunk = 1 if _backend() == "cpu" else chunk
     if chunk == 1:
         return lax.top_k(values, k)
     pad = -width % chunk
@@ -679,8 +737,16 @@ def candidates(source: Source, k: int, block: tuple[int, int] | None):
             jnp.full(count, -jnp.inf, dtype),
             jnp.zeros(count, dtype),
         )
-        values, ids, top, total = _fold_blocks(source.vocab, size, fold, init)
-        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        if size == source.vocab:  # one block: the candidates are its top k
+            raw = tile.block(0, size)
+            values, ids = top_k(raw, k)
+            top = raw.max(-1)
+            shift = jnp.where(jnp.isfinite(top), top, 0.0)
+            total = jnp.exp((raw - shift[:, None]) * scale).sum(-1)
+            ids = ids.astype(jnp.int32)
+        else:
+            values, ids, top, total = _fold_blocks(source.vocab, size, fold, init)
+            shift = jnp.where(jnp.isfinite(top), top, 0.0)
         log_normaliser = shift * tile.scale + jnp.log(total)
         return values * scale, jnp.where(values > -jnp.inf, ids, PAD), log_normaliser
 

@@ -70,11 +70,15 @@ class TokenCategorical(distrax.Distribution, Replayable):
 
     Args:
         hidden: Hidden states ``[*batch, D]``.
-        unembedding: ``[D, V]``, float32, bfloat16 (accumulated in float32) or
-            float64. For tied embeddings pass the embedding table transposed
-            (``embed.embedding[...].T``): its rows, which a support gathers, are
-            contiguous, and under ``jax.jit`` the two transposes cancel.
+        unembedding: ``[D, V]`` (a ``[D, V]`` kernel, such as an ``nnx.Linear``'s),
+            float32, bfloat16 (accumulated in float32) or float64; or None with
+            ``embedding``.
         bias: ``[V]`` or None.
+        embedding: In place of ``unembedding``, the embedding table ``[V, D]`` of
+            tied embeddings (``nnx.Embed.embedding``). Prefer it where you have it: a
+            support's logits gather the table's rows, contiguous in ``[V, D]`` and
+            strided columns of a ``[D, V]`` unembedding, which is transposed (a copy)
+            when a step gathers many.
         temperature: Positive, a number or an array of the batch shape. 0 (greedy
             decoding) is refused: take :meth:`mode` (a head's ``eval()``).
         top_k: Keep at most this many tokens (at most ``max_kept``), or None.
@@ -93,8 +97,9 @@ class TokenCategorical(distrax.Distribution, Replayable):
             the rollout and the replay the same one.
 
     Raises:
-        TypeError: ``hidden`` or ``unembedding`` is not floating, ``mask`` not boolean,
-            an option not a number or an array of the batch shape.
+        TypeError: ``hidden`` or the weights are not floating, neither or both of
+            ``unembedding`` and ``embedding`` are given, ``mask`` is not boolean, an
+            option not a number or an array of the batch shape.
         ValueError: a shape does not match, or an option is out of its range.
 
     Example:
@@ -110,9 +115,10 @@ class TokenCategorical(distrax.Distribution, Replayable):
     def __init__(
         self,
         hidden: Float[ArrayLike, "*batch D"],
-        unembedding: Float[ArrayLike, "D V"],
+        unembedding: Float[ArrayLike, "D V"] | None = None,
         bias: Float[ArrayLike, " V"] | None = None,
         *,
+        embedding: Float[ArrayLike, "V D"] | None = None,
         temperature: Option = 1.0,
         top_k: Option = None,
         top_p: Option = None,
@@ -122,16 +128,28 @@ class TokenCategorical(distrax.Distribution, Replayable):
         block: tuple[int, int] | None = None,
     ):
         hidden = _checks.float_array("hidden", hidden)
-        unembedding = _checks.float_array("unembedding", unembedding)
-        if hidden.ndim < 1 or unembedding.ndim != 2 or unembedding.shape[0] != hidden.shape[-1]:
-            raise ValueError(
-                f"hidden must be [*batch, D] and unembedding [D, V] with the same D, got "
-                f"{hidden.shape} and {unembedding.shape}; pass the unembedding as [D, V] "
-                f"(an nnx.Embed's embedding transposed)."
+        if (unembedding is None) == (embedding is None):
+            raise TypeError(
+                "TokenCategorical takes the unembedding [D, V] or the embedding table [V, D] "
+                "(embedding=), one of them; pass the tied embedding table as embedding=."
             )
-        self._hidden, self._unembedding, self._logits = hidden, unembedding, None
+        if embedding is not None:
+            weights, name, axis, shape = embedding, "embedding", 1, "embedding [V, D]"
+        else:
+            weights, name, axis, shape = unembedding, "unembedding", 0, "unembedding [D, V]"
+        weights = _checks.float_array(name, weights)
+        if hidden.ndim < 1 or weights.ndim != 2 or weights.shape[axis] != hidden.shape[-1]:
+            raise ValueError(
+                f"hidden must be [*batch, D] and {shape} with the same D, got "
+                f"{hidden.shape} and {weights.shape}; pass an nnx.Embed's table as "
+                f"embedding=, or a [D, V] kernel as the unembedding."
+            )
+        self._hidden, self._logits = hidden, None
+        self._unembedding = None if embedding is not None else weights
+        self._embedding = weights if embedding is not None else None
         options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        self._setup(hidden.shape[:-1], unembedding.shape[1], bias, mask, max_kept, block, options)
+        vocab = weights.shape[1 - axis]
+        self._setup(hidden.shape[:-1], vocab, bias, mask, max_kept, block, options)
 
     def _setup(self, batch_shape, vocab: int, bias, mask, max_kept, block, options) -> None:
         """Checks and stores what both constructors share."""
@@ -198,7 +216,7 @@ class TokenCategorical(distrax.Distribution, Replayable):
         if logits.ndim < 1:
             raise ValueError(f"logits must be [*batch, V], got shape {logits.shape}.")
         dist = cls.__new__(cls)
-        dist._hidden, dist._unembedding, dist._logits = None, None, logits
+        dist._hidden, dist._unembedding, dist._embedding, dist._logits = None, None, None, logits
         options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         dist._setup(logits.shape[:-1], logits.shape[-1], None, mask, max_kept, block, options)
         return dist
@@ -416,10 +434,11 @@ class TokenCategorical(distrax.Distribution, Replayable):
                 row_mask = jnp.broadcast_to(mask, (*self._batch_shape, self._vocab)).reshape(n, -1)
             else:
                 shared = mask.reshape(-1)
-        hidden, unembedding = self._hidden, self._unembedding
+        hidden = self._hidden
         return math.Source(
             hidden=None if hidden is None else hidden.reshape(n, -1),
-            table=None if unembedding is None else unembedding.T,
+            table=self._embedding,
+            unembedding=self._unembedding,
             logits=None if self._logits is None else self._logits.reshape(n, -1),
             bias=self._bias,
             scale=scale,
@@ -428,7 +447,8 @@ class TokenCategorical(distrax.Distribution, Replayable):
         )
 
     def _computing_dtype(self):
-        arrays = [a for a in (self._hidden, self._unembedding, self._logits) if a is not None]
+        arrays = [self._hidden, self._unembedding, self._embedding, self._logits]
+        arrays = [a for a in arrays if a is not None]
         return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
     def _config(self, keys: Array | None = None):
