@@ -106,7 +106,7 @@ def _power_of_two(k: Array) -> Array:
 
 
 def log(x: Array) -> Array:
-    """``log(x)`` within 0.74 ulp for positive normal float32 (``-inf`` at 0, NaN
+    """``log(x)`` within 0.83 ulp for positive normal float32 (``-inf`` at 0, NaN
     below); other dtypes use ``jnp.log``."""
     if x.dtype != jnp.float32:
         return jnp.log(x)
@@ -673,24 +673,26 @@ full_pass.defvjp(_full_fwd, _full_bwd)
 # Candidates: the top k tempered logits, exactly, and the log-normaliser.
 
 
-def top_k(values: Array, k: int) -> tuple[Array, Array]:
+def top_k(values: Array, k: int, chunk: int | None = None) -> tuple[Array, Array]:
     """The ``k`` largest of ``values [R, W]`` and their positions, sorted, the lower
     position first among equals: ``lax.top_k``'s answer, in two stages.
 
-    The positions are split in chunks of ``c``; the chunks holding the top ``k``
+    The positions are split in chunks of ``chunk``; the chunks holding the top ``k``
     are among the ``k`` chunks whose maxima rank highest (each of those elements
     ranks below its chunk's maximum, itself then among the top ``k``), so the top
-    ``k`` is taken from those chunks' ``k c`` values, in order of position.
+    ``k`` is taken from those chunks' ``k * chunk`` values, in order of position.
+    ``chunk`` None: 16 or 8 where the width allows, 1 (``lax.top_k`` alone) on the
+    CPU, whose ``lax.top_k`` costs about as much at any width.
     """
     rows, width = values.shape
     if width < k:
         filler = jnp.full((rows, k - width), -jnp.inf, values.dtype)
         values = jnp.concatenate([values, filler], -1)
         width = k
-    # On the CPU, lax.top_k's cost hardly depends on the width: one stage.
-    chunk = 16 if width >= 64 * k else 8 if width >= 16 * k else 1
-    chunk = 1 if _backend() == "cpu" else chunk
-    if chunk == 1:
+    if chunk is None:
+        chunk = 16 if width >= 64 * k else 8 if width >= 16 * k else 1
+        chunk = 1 if _backend() == "cpu" else chunk
+    if chunk == 1 or -(-width // chunk) < k:
         return lax.top_k(values, k)
     pad = -width % chunk
     if pad:

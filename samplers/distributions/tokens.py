@@ -383,8 +383,10 @@ class TokenCategorical(distrax.Distribution, Replayable):
         return self._on_support(self._tokens(value), self._support(support))[0]
 
     def entropy_on_support(self, support: Int[ArrayLike, "*batch K"]) -> Float[Array, "*batch"]:
-        """The exact entropy of the distribution renormalised over a stored support."""
-        return self._unflatten(_entropy(self._support_log_probs(self._support(support))))
+        """The exact entropy of the distribution renormalised over a stored support (the
+        untruncated one for a support ``[FULL, ...]``)."""
+        support = self._support(support)
+        return self._on_support(jnp.zeros(self.batch_shape, jnp.int32), support)[1]
 
     def kl_on_support(
         self, other: "TokenCategorical", support: Int[ArrayLike, "*batch K"]
@@ -401,13 +403,13 @@ class TokenCategorical(distrax.Distribution, Replayable):
         """The probability that the untruncated distribution (temperature and mask
         applied) puts on a stored support: what a ratio scored on the whole vocabulary
         carries, ``exp(full_log_prob(t) - log_prob_on_support(t, support))`` for any
-        ``t`` of the support."""
+        ``t`` of the support (1 for a support ``[FULL, ...]``)."""
         support = self._support(support)
         flat = support.reshape(-1, support.shape[-1])
         logits = math.gathered_logits(self._source(), flat, self._allowed(flat))
         log_normaliser = self._full(self._no_tokens().reshape(self.batch_shape))[0]
         mass = jnp.exp(jax.nn.logsumexp(logits, axis=-1) - log_normaliser.reshape(-1))
-        return self._unflatten(mass)
+        return self._unflatten(jnp.where(flat[:, 0] == FULL, 1.0, mass))
 
     # The whole vocabulary.
 

@@ -282,15 +282,22 @@ def test_the_network_output_must_be_hidden_states_and_an_unembedding():
     head = _head()
     hidden, unembedding = _inputs()
     takes = r"TokenSampler takes inputs=\(hidden \[\*batch, D\], unembedding \[D, V\]\)"
-    with pytest.raises(TypeError, match=takes + r".*got ArrayImpl;.*not the logits"):
-        head((), hidden @ unembedding)
+    with pytest.raises(TypeError, match=takes + r".*got float of length|got float;"):
+        head((), 1.0)
     with pytest.raises(TypeError, match=takes + r".*got tuple of length 1;"):
         head((), (hidden,))
     with pytest.raises(TypeError, match=r"got list of length 4;"):
         head.distribution([hidden, unembedding, unembedding[0], unembedding[0]])
-    wrong = r"vocab_size=61, so the unembedding must be \[D, 61\], got \(8, 60\)"
+    wrong = r"vocab_size=61, so the unembedding must be \[D, V\] with V = 61, got \(8, 60\)"
     with pytest.raises(ValueError, match=wrong):
         head((), (hidden, unembedding[:, :60]))
+    wrong = r"so the logits must be \[\*batch, V\] with V = 61, got \(12, 60\)"
+    with pytest.raises(ValueError, match=wrong):
+        head((), (hidden @ unembedding)[:, :60])
+    with pytest.raises(TypeError, match=r"inputs dict takes .* got \['weights'\]"):
+        head((), {"hidden": hidden, "weights": unembedding})
+    with pytest.raises(TypeError, match=r"the hidden states .* or the logits, one of them"):
+        head((), {"embedding": unembedding.T})
     with pytest.raises(AttributeError, match="TokenSampler has no num_params"):
         head.num_params  # noqa: B018
     assert _count(head) == 0  # refused before drawing a key
