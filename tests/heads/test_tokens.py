@@ -335,3 +335,38 @@ def test_nnx_jit_traces_once_for_new_inputs_and_state():
     later = _call(head, (), _inputs(seed=9), mask=mask)
     _call(head, (), _inputs(seed=9), later.rollout_extras, mask)
     assert len(TRACES) == traces
+
+
+def test_logits_and_a_dict_of_arrays_with_per_row_options_are_network_outputs():
+    hidden, unembedding, bias = _inputs(seed=10, bias=True)
+    logits = hidden @ unembedding + bias[None]
+    head = _head(top_p=0.8)
+    key_head = _head(top_p=0.8)
+    out = _call(head, (), (hidden, unembedding, bias))
+    by_logits = _call(key_head, (), logits)  # the same keys, the same distribution
+    np.testing.assert_array_equal(by_logits.output["action"], out.output["action"])
+    np.testing.assert_allclose(
+        by_logits.output["log_likelihood"], out.output["log_likelihood"], rtol=1e-5, atol=1e-6
+    )
+    again = _call(key_head, (), logits, by_logits.rollout_extras)
+    np.testing.assert_array_equal(
+        again.output["log_likelihood"], by_logits.output["log_likelihood"]
+    )
+    # Per-row options in a dict replace the head's for the call, and replay bit for bit.
+    options = {"temperature": jnp.linspace(0.5, 1.5, N), "top_p": jnp.linspace(0.5, 1.0, N)}
+    inputs = {"hidden": hidden, "embedding": unembedding.T, "bias": bias, **options}
+    rolled = _call(head, (), inputs)
+    replayed = _call(head, (), inputs, rolled.rollout_extras)
+    np.testing.assert_array_equal(
+        replayed.output["log_likelihood"], rolled.output["log_likelihood"]
+    )
+    support = np.asarray(rolled.rollout_extras["support"])
+    expected = _dist((hidden, unembedding, bias), **options).support()
+    np.testing.assert_array_equal(support, expected)
+    assert support[-1, 0] == samplers.distributions.tokens.FULL  # top_p 1: untruncated
+    np.testing.assert_array_equal(rolled.metrics["support_size"][-1], V)
+
+
+def test_temperature_zero_points_to_eval():
+    with pytest.raises(ValueError, match=r"temperature 0 is greedy decoding.*eval\(\)"):
+        samplers.TokenSampler(nnx.Rngs(0), WEIGHT, vocab_size=V, temperature=0)
