@@ -419,15 +419,18 @@ def _support_bwd(residuals, cotangent):
 
 
 def _gathered_vjp(source: Source, ids: Array, d_raw: Array) -> tuple[Array, Array]:
-    """The gradients of gathered logits, tile by tile: ``d_hidden[r] = sum_k d[r, k]
-    table[ids[r, k]]``; table row ``ids[r, k]`` gets ``d[r, k] hidden[r]``, summed in
-    the computing dtype. Returns the hidden states' and the table's ``[V, D]``."""
+    """The gradients of gathered logits: ``d_hidden[r] = sum_k d[r, k] table[ids[r, k]]``
+    tile by tile; table row ``ids[r, k]`` gets ``d[r, k] hidden[r]``, summed in the
+    computing dtype (float32): in one buffer of the table's size for a float32 table,
+    by :func:`_sorted_row_sums` for a narrower one. Returns the hidden states' and the
+    table's ``[V, D]`` gradients."""
     dtype = source.dtype
     hidden, weights = source.hidden, source.weights
     depth = hidden.shape[-1]
     rows = support_rows(source.rows, ids.shape[-1], depth)
     tiles = (_pad_rows(hidden, rows, 0), _pad_rows(ids, rows, 0), _pad_rows(d_raw, rows, 0))
     gathering = _gathering(source, ids.size)
+    wide = jnp.dtype(weights.dtype).itemsize >= jnp.dtype(dtype).itemsize
 
     def step(d_table, tile):
         h, tile_ids, d = tile
@@ -437,12 +440,66 @@ def _gathered_vjp(source: Source, ids: Array, d_raw: Array) -> tuple[Array, Arra
             columns = jnp.take(gathering.unembedding, tile_ids, axis=1)
             gathered = jnp.moveaxis(columns, 0, -1).astype(dtype)
         d_hidden = (d[..., None] * gathered).sum(1)
+        if not wide:
+            return d_table, d_hidden
         updates = (d[..., None] * h.astype(dtype)[:, None, :]).reshape(-1, depth)
         return d_table.at[tile_ids.reshape(-1)].add(updates), d_hidden
 
-    d_table, d_hidden = lax.scan(step, jnp.zeros((source.vocab, depth), dtype), tiles)
+    init = jnp.zeros((source.vocab, depth) if wide else (), dtype)
+    d_table, d_hidden = lax.scan(step, init, tiles)
     d_hidden = d_hidden.reshape(-1, depth)[: source.rows]
+    if not wide:
+        d_table = _sorted_row_sums(ids, d_raw, hidden, source.vocab, weights.dtype)
     return d_hidden.astype(hidden.dtype), d_table.astype(weights.dtype)
+
+
+def _sorted_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int, out_dtype):
+    """``[V, D]``: row ``v`` the sum of ``coefficients[r, k] * hidden[r]`` over the
+    ``(r, k)`` with ``ids[r, k] = v``, summed in float32 and rounded to ``out_dtype``
+    once, without a float32 buffer of the table's size.
+
+    The ``(r, k)`` are sorted by id and taken in windows: a window's terms of one id
+    are summed in float32 (its ids are sorted, so each id is one segment), and its ids
+    written to the output at once, without conflict (each row once); the last id of a
+    window is carried in float32 to the next, where its terms may continue.
+    """
+    count, depth = ids.size, hidden.shape[-1]
+    budget = SUPPORT_BYTES.get(_backend(), DEFAULT_SUPPORT_BYTES)
+    width = int(min(count, max(256, budget // (16 * depth))))
+    key = ids.reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    pad = -count % width
+    sorted_ids = jnp.pad(key[order], (0, pad), constant_values=vocab)
+    row_of = jnp.pad(order // ids.shape[-1], (0, pad))
+    weight = jnp.pad(coefficients.reshape(-1)[order], (0, pad))
+    windows = tuple(x.reshape(-1, width) for x in (sorted_ids, row_of, weight))
+    beyond = vocab + jnp.arange(width)  # distinct ids outside the table: dropped
+
+    def step(carry, window):
+        out, carried_id, carried = carry
+        window_ids, window_rows, window_weights = window
+        first = jnp.concatenate([jnp.ones(1, bool), window_ids[1:] != window_ids[:-1]])
+        segment = jnp.cumsum(first) - 1
+        rows = jnp.take(hidden, window_rows, axis=0).astype(jnp.float32)
+        sums = (
+            jnp.zeros((width, depth), jnp.float32)
+            .at[segment]
+            .add(window_weights[:, None] * rows, indices_are_sorted=True)
+        )
+        segment_ids = beyond.at[segment].set(window_ids, indices_are_sorted=True)
+        # The carried id continues here, or is written alone.
+        continues = carried_id == window_ids[0]
+        sums = sums.at[0].add(jnp.where(continues, carried, 0.0))
+        alone = jnp.where(continues, vocab + width, carried_id)
+        out = out.at[alone].add(carried.astype(out_dtype), mode="drop")
+        last = segment[-1]
+        written = jnp.where(jnp.arange(width) == last, beyond, segment_ids)
+        out = out.at[written].add(sums.astype(out_dtype), mode="drop", unique_indices=True)
+        return (out, segment_ids[last], sums[last]), None
+
+    init = (jnp.zeros((vocab, depth), out_dtype), jnp.int32(vocab), jnp.zeros(depth, jnp.float32))
+    (out, carried_id, carried), _ = lax.scan(step, init, windows)
+    return out.at[carried_id].add(carried.astype(out_dtype), mode="drop")
 
 
 support_log_probs.defvjp(_support_fwd, _support_bwd)
