@@ -19,6 +19,7 @@ def _ulps(got, exact):
     return np.abs(np.asarray(got, np.float64) - exact) / spacing
 
 
+@pytest.mark.slow
 def test_exp_is_within_its_documented_ulps_of_float64():
     x = np.concatenate(
         [
@@ -40,7 +41,7 @@ def test_exp_is_within_its_documented_ulps_of_float64():
 @pytest.mark.parametrize(
     "exponents, every",
     [
-        pytest.param((0, -1), False, id="sampled"),
+        slow((0, -1), False, id="sampled"),
         slow((-126, -20, -2, -1, 0, 1, 2, 20, 127), True, id="every-mantissa"),
     ],
 )
@@ -62,6 +63,7 @@ def test_log_is_within_its_documented_ulps_of_float64(exponents, every):
     np.testing.assert_array_equal(special, [-np.inf, np.nan, np.inf, np.nan])
 
 
+@pytest.mark.slow
 def test_float64_uses_jax_exp_and_log():
     with jax.enable_x64(True):
         x = jnp.linspace(-700.0, 700.0, 1001)
@@ -69,7 +71,7 @@ def test_float64_uses_jax_exp_and_log():
         np.testing.assert_array_equal(math.log(jnp.exp(x)), jnp.log(jnp.exp(x)))
 
 
-@pytest.mark.parametrize("width", [1, 5, 64, 100])
+@pytest.mark.parametrize("width", [slow(1), pytest.param(5), slow(64), slow(100)])
 def test_tree_sum_gives_a_row_the_same_bits_on_any_axis_and_in_any_batch(width):
     x = jax.random.normal(jax.random.key(width), (37, width)) * 10.0
     rows = np.asarray(jax.jit(math.tree_sum)(x))
@@ -80,6 +82,7 @@ def test_tree_sum_gives_a_row_the_same_bits_on_any_axis_and_in_any_batch(width):
     np.testing.assert_allclose(rows, np.asarray(x, np.float64).sum(-1), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_log_softmax_gives_a_row_the_same_bits_in_any_batch_jitted_or_not():
     raw = jax.random.normal(jax.random.key(0), (300, 64)) * 5.0
     raw = raw.at[3, :10].set(-jnp.inf)
@@ -99,9 +102,16 @@ def test_the_log_softmax_gives_a_row_the_same_bits_in_any_batch_jitted_or_not():
 
 
 @pytest.mark.parametrize(
-    "chunk", [pytest.param(8, id="chunks-of-8"), pytest.param(16, id="chunks-of-16")]
+    "chunk, width, k",
+    [
+        pytest.param(8, 1000, 7, id="chunks-of-8"),
+        slow(16, 1000, 7, id="chunks-of-16"),
+        slow(8, 4096, 64, id="chunks-of-8-k64"),
+        slow(16, 4096, 64, id="chunks-of-16-k64"),
+        slow(16, 1000, 60, id="few-chunks"),
+        slow(8, 37, 5, id="narrow"),
+    ],
 )
-@pytest.mark.parametrize("width, k", [(1000, 7), (4096, 64), slow(1000, 60), slow(37, 5)])
 def test_the_two_stage_top_k_is_lax_top_k_with_its_ties(chunk, width, k):
     rng = np.random.default_rng(width + k)
     # Few distinct values: many ties, within and across chunks; some -inf.
@@ -115,7 +125,7 @@ def test_the_two_stage_top_k_is_lax_top_k_with_its_ties(chunk, width, k):
     np.testing.assert_array_equal(got_positions, want_positions)
 
 
-@pytest.mark.parametrize("rows", [pytest.param(300, id="300"), slow(7, id="7")])
+@pytest.mark.parametrize("rows", [slow(300, id="300"), slow(7, id="7")])
 def test_a_bfloat16_tables_gradient_is_summed_in_float32_and_rounded_once(rows):
     # Without a float32 buffer of the table's size: the terms sorted by row, summed in
     # float32 window by window, an id spanning two windows carried across.

@@ -951,7 +951,7 @@ def test_distrax_seeds_an_integer_a_raw_key_and_a_typed_key_draw_alike():
 @pytest.mark.parametrize(
     "options",
     [
-        pytest.param(dict(top_p=1.0), id="top_p=1"),
+        slow(dict(top_p=1.0), id="top_p=1"),
         pytest.param(dict(min_p=0.0), id="min_p=0"),
         slow(dict(top_p=1.0, min_p=0.0), id="both"),
     ],
@@ -969,6 +969,7 @@ def test_top_p_one_and_min_p_zero_truncate_nothing(options):
     np.testing.assert_array_equal(dist.log_prob(tokens), plain.full_log_prob(tokens))
 
 
+@pytest.mark.slow
 def test_from_logits_is_the_distribution_of_the_logits():
     hidden, unembedding, bias = _problem(seed=22)
     logits = _logits(*_rounded(jnp.float32, hidden, unembedding, bias))
@@ -1015,6 +1016,7 @@ def test_from_logits_is_the_distribution_of_the_logits():
         )
 
 
+@pytest.mark.slow
 def test_an_embedding_table_is_its_unembedding_transposed():
     hidden, unembedding, bias = _problem(seed=22)
     truncation = dict(top_p=0.9, max_kept=8)
@@ -1062,6 +1064,7 @@ def test_an_embedding_table_is_its_unembedding_transposed():
         TokenCategorical(h, embedding=w)
 
 
+@pytest.mark.slow
 def test_options_per_row_are_each_rows_and_compile_once():
     hidden, unembedding, bias = (jnp.asarray(a, jnp.float32) for a in _problem(seed=23))
     rows = {
@@ -1220,7 +1223,7 @@ def test_replay_and_entropy_scores_and_entropies_in_one_pass():
 
 
 @pytest.mark.parametrize(
-    "truncation", [pytest.param(dict(top_p=0.9, max_kept=8), id="top_p"), slow({}, id="full")]
+    "truncation", [slow(dict(top_p=0.9, max_kept=8), id="top_p"), slow({}, id="full")]
 )
 def test_completions_padded_after_their_end_are_masked_out_of_the_loss(truncation):
     # A rollout of 6 steps; completions end at steps 2..6, and the tokens after an end

@@ -14,9 +14,9 @@ from tests._token_patterns import measure
 CASES = [
     # rows, options, jit, rollout block, replay block
     pytest.param(7, "top_p", True, None, None, id="7-top_p-jit"),
-    pytest.param(48, "top_p", True, (8, 512), None, id="48-top_p-jit-blocks"),
-    pytest.param(32, "untruncated", True, None, None, id="32-untruncated-jit"),
-    pytest.param(1, "top_k+min_p", False, None, (16, 1024), id="1-top_k+min_p-eager-blocks"),
+    slow(48, "top_p", True, (8, 512), None, id="48-top_p-jit-blocks"),
+    slow(32, "untruncated", True, None, None, id="32-untruncated-jit"),
+    slow(1, "top_k+min_p", False, None, (16, 1024), id="1-top_k+min_p-eager-blocks"),
     slow(1, "top_p", True, None, None, id="1-top_p-jit"),
     slow(32, "top_p", True, None, None, id="32-top_p-jit"),
     slow(32, "top_p", False, None, None, id="32-top_p-eager"),
@@ -38,7 +38,7 @@ def test_a_decode_loop_replays_bit_for_bit_in_every_pattern(
     assert all(error == 0.0 for error in found.values()), found
 
 
-@pytest.mark.parametrize("rows", [pytest.param(32, id="32"), slow(7, id="7")])
+@pytest.mark.parametrize("rows", [slow(32, id="32"), slow(7, id="7")])
 def test_a_bfloat16_table_replays_bit_for_bit(rows):
     found = measure(rows, "top_p", rollout_block=(16, 1024), dtype=jnp.bfloat16)
     assert all(error == 0.0 for error in found.values()), found

@@ -337,6 +337,7 @@ def test_nnx_jit_traces_once_for_new_inputs_and_state():
     assert len(TRACES) == traces
 
 
+@pytest.mark.slow
 def test_logits_and_a_dict_of_arrays_with_per_row_options_are_network_outputs():
     hidden, unembedding, bias = _inputs(seed=10, bias=True)
     logits = hidden @ unembedding + bias[None]
