@@ -16,17 +16,19 @@ embedding table transposed, and the head takes the table itself
 rollout is a ``lax.scan`` decode loop, one token a step (the model reads the whole
 buffer each step: no key-value cache), each token drawn from a
 :class:`samplers.TokenCategorical` with temperature 1 and ``top_p`` 0.9; it stores per
-token the token, its support (the kept ids) and the log-probability it was drawn with.
+token the token and its support (the kept ids).
 The GRPO update normalises each completion's reward within its group of
 ``group_size`` completions of the same prompt, and minimises the clipped PPO loss for
 a few epochs, the ratio being ``exp(replay log-prob - stored)``: the stored token
-scored on its stored support under the current weights. Before the first step the
-weights are the rollout's, and the replay gives the ratio exactly 1
-(``replay_ratio_error``, the largest ``|ratio - 1|``, is 0.0), and so are the loss's
-first-epoch ratios, computed in the program that differentiates them
-(``loss_ratio_error``, 0.0). Scored on the whole vocabulary instead,
-``exp(full_log_prob - stored)`` is the mass the top-p kept (``full_vocabulary_ratio``),
-below 1 even before any update.
+scored on its stored support under the current weights. The old log-probabilities are
+taken as trainers take them, by the model's forward pass over the written sequences
+(the decode loop's own, from hidden states the model computed in another program, can
+differ in their last bits: ``decode_ratio_error``). Before the first step the weights
+are the rollout's, and the replay gives the ratio exactly 1 (``replay_ratio_error``,
+the largest ``|ratio - 1|``, is 0.0), and so are the loss's first-epoch ratios,
+computed in the program that differentiates them (``loss_ratio_error``, 0.0). Scored
+on the whole vocabulary instead, ``exp(full_log_prob - stored)`` is the mass the top-p
+kept (``full_vocabulary_ratio``), below 1 even before any update.
 
 ``--sampler plain`` runs the same example as plain JAX writes it: ``lax.top_k`` of the
 logits with top-p renormalised over them, ``jax.random.categorical``, and the token's
@@ -155,7 +157,12 @@ def plain_draw(model: Transformer, hidden: jax.Array, key: jax.Array, config: Co
 
 def rollout(model: Transformer, prompts: jax.Array, key: jax.Array, config: Config) -> dict:
     """Writes a completion of each prompt in a ``lax.scan`` decode loop, a token a step,
-    storing what the loss replays."""
+    storing what the loss replays, and the old log-probabilities as a trainer takes
+    them: the model's forward pass over the written sequences, the stored tokens
+    replayed (``log_prob``). The decode loop's own are ``decoded_log_prob``: the model's
+    hidden states there, computed in another program (a loop's body), may differ from
+    the forward pass's in their last bits (on the CPU, XLA rounds a fused kernel's
+    ``exp`` and sums by its shape), which no head can undo."""
     n, digits = prompts.shape
     tokens = jnp.concatenate(
         [prompts, jnp.full((n, 1), SEP), jnp.zeros((n, digits), jnp.int32)], axis=1
@@ -172,15 +179,13 @@ def rollout(model: Transformer, prompts: jax.Array, key: jax.Array, config: Conf
         return tokens, (data, log_prob)
 
     steps = (jnp.arange(digits), jax.random.split(key, digits))
-    tokens, (data, log_probs) = jax.lax.scan(step, tokens, steps)
-    data, log_probs = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), (data, log_probs))
+    tokens, (data, decoded) = jax.lax.scan(step, tokens, steps)
+    data, decoded = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), (data, decoded))
     completions = tokens[:, digits + 1 :]
-    return {
-        "tokens": tokens,
-        "replay": data,
-        "log_prob": log_probs,
-        "reward": reward(prompts, completions),
-    }
+    batch = {"tokens": tokens, "replay": data, "reward": reward(prompts, completions)}
+    batch["log_prob"] = replay_log_prob(model, batch, config)[0]
+    batch["decoded_log_prob"] = decoded
+    return batch
 
 
 def replay_log_prob(model: Transformer, batch: dict, config: Config):
@@ -226,8 +231,10 @@ def score(model: Transformer, batch: dict, config: Config) -> dict:
     log_prob, dist = replay_log_prob(model, batch, config)
     token = batch["replay"]["token"] if config.sampler != "plain" else batch["replay"]
     full = jnp.exp(dist.full_log_prob(token) - batch["log_prob"])
+    decoded = jnp.exp(batch["log_prob"] - batch["decoded_log_prob"])
     return {
         "replay_ratio_error": jnp.max(jnp.abs(jnp.exp(log_prob - batch["log_prob"]) - 1)),
+        "decode_ratio_error": jnp.max(jnp.abs(decoded - 1)),
         "full_vocabulary_ratio": full.mean(),
     }
 
@@ -287,6 +294,7 @@ def train(config: Config) -> dict:
         "end_reward": float(rewards[-window:].mean()),
         "replay_ratio_error": max(float(m["replay_ratio_error"]) for m in history),
         "loss_ratio_error": max(float(m["loss_ratio_error"]) for m in history),
+        "decode_ratio_error": max(float(m["decode_ratio_error"]) for m in history),
         "full_vocabulary_ratio": float(np.mean([m["full_vocabulary_ratio"] for m in history])),
         "first_full_vocabulary_ratio": float(history[0]["full_vocabulary_ratio"]),
         "last_full_vocabulary_ratio": float(history[-1]["full_vocabulary_ratio"]),
