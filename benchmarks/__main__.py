@@ -40,7 +40,7 @@ _SUITES = {
     "tokens": (tokens, "the token head's training, decode and untruncated steps"),
     "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
-_WITH_CASES = ("discrete", "composite", "beta", "flow")  # the suites of several cases
+_WITH_CASES = ("discrete", "composite", "beta", "flow", "tokens")  # suites of several cases
 
 
 def _batches(text):

@@ -50,6 +50,15 @@ SAMPLERS = "samplers"
 TOLERANCE = 1e-4
 
 
+class Step(NamedTuple):
+    """A step the suite times, chosen by ``--cases`` (:func:`timing.chosen`)."""
+
+    name: str
+
+
+STEPS = (Step("training"), Step("decode"), Step("untruncated"))
+
+
 class Grid(NamedTuple):
     """The sizes timed: width ``D``, vocabulary ``V``, tokens ``N`` of the training and
     untruncated steps, rows ``R`` of the decode step, ``max_kept`` values, dtype."""
@@ -418,6 +427,9 @@ def run(
             on the CPU :data:`QUICK` is timed whatever this says.
         grid: A :class:`Grid` in place of both.
 
+    ``--cases`` (:func:`timing.set_timing`) chooses the steps by name: ``training``,
+    ``decode``, ``untruncated``.
+
     Raises:
         AssertionError: a check differs by more than :data:`TOLERANCE`.
     """
@@ -429,6 +441,7 @@ def run(
     if batches is not None:
         chosen = chosen._replace(tokens=tuple(batches))
     results = {"training": [], "decode": [], "untruncated": []}
+    steps = {step.name for step in timing.chosen(STEPS)}
     with jax.default_device(device):
         found = checks()
         # The binary search keeps ties at its threshold and sums float32 probabilities:
@@ -436,21 +449,21 @@ def run(
         worst = max(value for check, (value, _) in found.items() if "binary" not in check)
         if worst > TOLERANCE:
             raise AssertionError(f"samplers' token steps differ from their checks: {found}")
-        for tokens in chosen.tokens:
+        for tokens in chosen.tokens if "training" in steps else ():
             for kept in chosen.kept:
                 label = f"N = {tokens}, max_kept = {kept}"
                 print(f"timing the training step, {label}", flush=True)
                 result = time_cell(training_cell(chosen, tokens, kept), rounds)
                 results["training"] += _records("cell", label, result, [PLAIN, SAMPLERS])
                 _save_partial(out_dir, name, conditions, results)
-        for rows in chosen.rows:
+        for rows in chosen.rows if "decode" in steps else ():
             label = f"R = {rows}, max_kept = {chosen.kept[0]}"
             print(f"timing the decode step, {label}", flush=True)
             cell = decode_cell(chosen, rows, chosen.kept[0])
             result = time_cell(cell, rounds)
             results["decode"] += _records("cell", label, result, list(cell))
             _save_partial(out_dir, name, conditions, results)
-        for tokens in chosen.tokens:
+        for tokens in chosen.tokens if "untruncated" in steps else ():
             label = f"N = {tokens}"
             print(f"timing the untruncated step, {label}", flush=True)
             result = time_cell(untruncated_cell(chosen, tokens), rounds)

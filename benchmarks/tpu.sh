@@ -21,7 +21,8 @@
 #   ONLY      the implementations to time beside the references (default: all), e.g.
 #             "samplers,samplers (pure layer)": fewer programs to compile
 #   CASES     the cases to time, by part of their names (default: all), e.g. "K = 4,spline"
-#             with SUITES=flow; only for the suites of several cases (--cases)
+#             with SUITES=flow, "decode" with SUITES=tokens; only for the suites of several
+#             cases (--cases)
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
 #   DEVICE    the platform (default tpu; cpu tries the script out at small sizes: there
 #             tokens times its CPU sizes, D = 128 and V = 32768, e.g. BATCHES=256)
