@@ -81,9 +81,10 @@ class TokenCategorical(distrax.Distribution, Replayable):
             when a step gathers many.
         temperature: Positive, a number or an array of the batch shape. 0 (greedy
             decoding) is refused: take :meth:`mode` (a head's ``eval()``).
-        top_k: Keep at most this many tokens (at most ``max_kept``), or None.
-        top_p: In ``(0, 1]``, or None.
-        min_p: In ``[0, 1]``, or None.
+        top_k: Keep at most this many tokens (at most ``max_kept``), or None; per
+            row, 0 or less turns it off.
+        top_p: In ``(0, 1]``, or None; 1 truncates nothing.
+        min_p: In ``[0, 1]``, or None; 0 truncates nothing.
         mask: Booleans broadcastable to ``[*batch, V]``, True where a token is allowed,
             or None.
         max_kept: The largest support a sample keeps, and the width of the stored
@@ -93,8 +94,8 @@ class TokenCategorical(distrax.Distribution, Replayable):
             values (``(64, 4096)`` on the CPU, ``(1024, 4096)`` on a TPU), and for
             the candidates of a sample every row and the whole vocabulary at once
             where their logits fit 64 MiB (CPU) or 1 GiB, else tiles within that. A
-            ``block`` of your own changes the rounding of the untruncated values: give
-            the rollout and the replay the same one.
+            ``block`` of your own may change the rounding of the untruncated values:
+            give the rollout and the replay the same one.
 
     Raises:
         TypeError: ``hidden`` or the weights are not floating, neither or both of
