@@ -13,13 +13,20 @@ The program is one ``jax.jit`` (:func:`support_log_probs`), so eager and traced 
 compile the same fused arithmetic (the CPU contracts a multiply and an add into one FMA
 only inside a fused kernel).
 
-Quantities over the whole vocabulary (:func:`full_moments`) stream it in tiles of a
-fixed shape per backend, whose matrix products give each row the same bits whatever
-the other rows (:func:`dense_tiles`), and fold the log-sum-exp in the same exact
-arithmetic. Their gradients recompute each block (a custom VJP), so memory is
-``O(rows x block)``. The candidates a truncated sample chooses among
-(:func:`candidates`) are the exact top ``k`` by a two-stage selection; their values
-decide the support only, which is stored, so they need no fixed rounding.
+Quantities over the whole vocabulary (:func:`full_pass`) stream it in tiles of a fixed
+shape per backend, whose matrix products give each row the same bits whatever the other
+rows (:func:`dense_tiles`), and fold the log-sum-exp in the same exact arithmetic.
+Their gradients recompute each block (a custom VJP), so memory is ``O(rows x block)``.
+On a support, the gradient gathers the table's rows again, and adds to the table's
+gradient in float32 (:func:`_sorted_row_sums` for a bfloat16 table). The candidates a
+truncated sample chooses among (:func:`candidates`) are the exact top ``k``
+(:func:`top_k`); their values decide the support only, which is stored, so they need
+no fixed rounding.
+
+On a TPU the same code holds what it can without a measurement here: the gathers read
+the table's contiguous rows, the products of the fixed tiles run on the MXU, and the
+exact arithmetic runs on the vector units; whether XLA's TPU products give a row the
+same bits in tiles of other rows is what the accelerator tier's patterns check.
 """
 
 import functools
