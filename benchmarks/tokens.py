@@ -268,6 +268,14 @@ def untruncated_cell(grid: Grid, tokens: int) -> dict:
 
 
 def checks(grid: Grid = CHECK) -> dict:
+    """As :func:`_checks`, with matrix products at float32 precision: an accelerator's
+    default rounds their operands to bfloat16, which ``samplers``' exact arithmetic on
+    a support does not."""
+    with jax.default_matmul_precision("highest"):
+        return _checks(grid)
+
+
+def _checks(grid: Grid) -> dict:
     """``samplers``' steps against independent computations, float32, at ``grid``:
     ``{check: [largest difference over the reference's largest magnitude, what]}``.
 
