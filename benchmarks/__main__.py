@@ -37,10 +37,10 @@ _SUITES = {
     "beta": (beta, "the Beta head"),
     "autoregressive": (autoregressive, "the autoregressive head"),
     "flow": (flow, "the flow head"),
-    "tokens": (tokens, "token log-probabilities over a vocabulary"),
+    "tokens": (tokens, "the token head's training, decode and untruncated steps"),
     "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
-_WITH_CASES = ("discrete", "composite", "beta", "flow")  # the suites of several cases
+_WITH_CASES = ("discrete", "composite", "beta", "flow", "tokens")  # suites of several cases
 
 
 def _batches(text):
@@ -65,7 +65,7 @@ def _parser():
         "--large",
         action="store_true",
         help="B in 1, 2**12, 2**16, 2**18, 2**20 at A = 8, for accelerators (--tokens: "
-        "D = 2048, V = 151936, N in 1024, 8192)",
+        "D = 2048, V = 151936, bfloat16, N = 8192 tokens, R in 256, 1024 rows)",
     )
     parser.add_argument(
         "--batches",
@@ -106,12 +106,6 @@ def _parser():
         help="device memory bandwidth in TB/s: the floor's bytes over it in the loop's "
         "tables (known for a TPU v5e), and for the default suite the modelled "
         f"memory-bandwidth floor ({bandwidth.H200_TBS} for an H200)",
-    )
-    parser.add_argument(
-        "--peak-tflops",
-        type=float,
-        help="--tokens: the device's matrix peak in TFLOP/s, for the share of it reached "
-        f"(known for a TPU v5e: {tokens.PEAK_TFLOPS['TPU v5 lite']:g})",
     )
     parser.add_argument("--out", default=Path(__file__).parent / "results", type=Path)
     parser.add_argument("--name", default="results", help="stem of the report's file names")
@@ -172,8 +166,6 @@ def main(argv=None):
     )
     if suite != "end-to-end" and (args.num_envs, args.budget) != (None, None):
         parser.error("--num-envs and --budget are options of --end-to-end; drop them")
-    if suite != "tokens" and args.peak_tflops is not None:
-        parser.error("--peak-tflops is an option of --tokens; drop it")
     if suite == "tokens" and args.full:
         parser.error("--tokens has no --full grid: pass --large or --batches")
     if suite is None:  # the whole grid, and the modelled bandwidth floor if asked for
@@ -189,7 +181,6 @@ def main(argv=None):
         options = {
             "name": suite if args.name == "results" else args.name,
             "large": args.large,
-            "peak_tflops": args.peak_tflops,
         }
         if args.rounds is not None:
             options["rounds"] = args.rounds

@@ -1,230 +1,413 @@
-"""``python -m benchmarks --tokens``: token log-probabilities over a vocabulary.
+"""``python -m benchmarks --tokens``: the token head's three steps against what users run.
 
-The score of a language model's tokens, the value and gradient (w.r.t. the hidden
-states and the unembedding) of ``mean(log p(token))`` over the whole vocabulary,
-from hidden states ``[N, D]`` and an unembedding ``[D, V]``, both bfloat16 with
-float32 accumulation. Plain JAX as users write it builds the ``[N, V]`` float32
-logits (``jnp.dot(..., preferred_element_type=jnp.float32)``, ``jax.nn.log_softmax``,
-the token's entry by ``jnp.take_along_axis``); ``samplers.TokenCategorical(hidden,
-unembedding).full_log_prob(token)`` streams the vocabulary in blocks and recomputes
-each block in its backward pass, never holding the logits. Both run under
-``jax.jit`` in interleaved rounds with a fresh random order each round; a cell is
-the median over rounds of the ratio of the time to plain JAX's in the same round,
-with min and max, beside each program's compiled memory and the share of the
-device's matrix peak that the useful FLOPs (``6 N D V``: the forward matmul and the
-two of its gradient) reach. Before timing, :func:`differences` checks that the two
-compute the same value and gradients. Writes ``results/tokens.md`` and
-``results/tokens.json``.
+A language model's head, from hidden states ``[N, D]`` and its tied embedding table
+``[V, D]`` (the unembedding's transpose), top-p 0.9:
+
+- **training step**: the clipped GRPO loss of stored tokens, and its gradient with
+  respect to the hidden states and the table. ``samplers`` scores each token on its
+  stored support (``TokenCategorical(...).replay(data)``, ``max_kept`` wide); plain JAX
+  as TRL, verl and Tunix write it takes the token's entry of the whole vocabulary's
+  ``jax.nn.log_softmax`` of float32 logits.
+- **decode step**: one step's top-p draw with its support, ``R`` rows.
+  ``samplers``: ``sample_replay_data`` (the token and its support, exact); a
+  ``lax.top_k`` sampler (top-p renormalised over the top ``max_kept``, as samplers
+  built on ``lax.top_k`` do); vLLM on TPU's exact binary-search top-p mask
+  (``tpu_inference/layers/common/binary_search.py``, loaded from an installed
+  ``tpu-inference`` when there is one: ``pip install --no-deps tpu-inference==0.32.0``);
+  a ``lax.approx_max_k`` sampler.
+- **untruncated step**: the value and gradient of the mean log-probability of tokens
+  over the whole vocabulary plus 0.01 times the mean entropy; ``samplers``:
+  ``replay_and_entropy`` (one stream over the vocabulary); plain JAX: the whole
+  log-softmax.
+
+Every array is an argument of the timed program (a closed-over array is folded at
+compile time). Before timing, :func:`checks` compares each ``samplers`` step with an
+independent computation at a small size. Writes ``results/tokens.md`` and
+``results/tokens.json`` (or ``--name``).
 """
 
+import importlib.util
+import json
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import samplers
 from benchmarks import timing
 
 ROUNDS = 7
-BLOCK = (128, 4096)  # TokenCategorical's default (rows, tokens)
-# The sizes timed: the width D, the vocabulary V, the numbers of tokens N, the blocks.
-QUICK = {"hidden": 256, "vocab": 32768, "batches": (256, 2048), "blocks": (BLOCK,)}
-LARGE = {
-    "hidden": 2048,
-    "vocab": 151936,
-    "batches": (1024, 8192),
-    "blocks": ((1024, 4096), (2048, 8192)),
-}
-# The bfloat16 matrix peak of the device kinds measured here, TFLOP/s.
-PEAK_TFLOPS = {"TPU v5 lite": 197.0}
+TOP_P = 0.9
 PLAIN = "plain JAX"
-CHECK_SIZE = (64, 64, 5000)  # N, D, V of the agreement check; V is not a multiple of the block
-# The largest difference accepted, relative to plain JAX's largest magnitude: bfloat16
-# gradients differ by their rounding (about 4e-3 on the CPU), an error by far more.
-TOLERANCE = 3e-2
-_WORKLOADS = ("score",)
-_TITLE = (
-    "Score: value and gradient (w.r.t. the hidden states and the unembedding) of "
-    "mean(log p(token)) over the whole vocabulary"
-)
+TOP_K = "lax.top_k sampler"
+BINARY = "binary-search top-p (vLLM on TPU)"
+APPROX = "lax.approx_max_k sampler"
+SAMPLERS = "samplers"
+# The largest differences :func:`checks` accepts, relative to the reference's largest
+# magnitude (float32 at the check's size).
+TOLERANCE = 1e-4
 
 
-def plain_score(hidden, unembedding, token):
-    """``mean(log p(token))`` as users write it: the ``[N, V]`` float32 logits whole."""
-    logits = jnp.dot(hidden, unembedding, preferred_element_type=jnp.float32)
-    log_probs = jax.nn.log_softmax(logits)
-    return jnp.mean(jnp.take_along_axis(log_probs, token[:, None], axis=-1))
+class Step(NamedTuple):
+    """A step the suite times, chosen by ``--cases`` (:func:`timing.chosen`)."""
+
+    name: str
 
 
-def samplers_score(hidden, unembedding, token, block=BLOCK):
-    """``mean(log p(token))`` with ``samplers.TokenCategorical``, streamed in blocks."""
-    dist = samplers.TokenCategorical(hidden, unembedding, block=block)
-    return jnp.mean(dist.full_log_prob(token))
+STEPS = (Step("training"), Step("decode"), Step("untruncated"))
 
 
-def implementation_name(block):
-    """``samplers`` for the default block, else ``samplers, block (rows, tokens)``."""
-    return "samplers" if tuple(block) == BLOCK else f"samplers, block {tuple(block)}"
+class Grid(NamedTuple):
+    """The sizes timed: width ``D``, vocabulary ``V``, tokens ``N`` of the training and
+    untruncated steps, rows ``R`` of the decode step, ``max_kept`` values, dtype."""
+
+    hidden: int
+    vocab: int
+    tokens: tuple[int, ...]
+    rows: tuple[int, ...]
+    kept: tuple[int, ...]
+    dtype: str
 
 
-def steps(blocks):
-    """``{name: jitted value and gradient}``, plain JAX first, then one per block."""
-    found = {PLAIN: plain_score}
-    for block in blocks:
-        found[implementation_name(block)] = lambda h, w, t, block=tuple(block): samplers_score(
-            h, w, t, block
-        )
-    return {name: jax.jit(jax.value_and_grad(fn, argnums=(0, 1))) for name, fn in found.items()}
+QUICK = Grid(128, 32768, (1024,), (32, 256), (256, 32), "float32")
+LARGE = Grid(2048, 151936, (8192,), (256, 1024), (256, 32), "bfloat16")
+CHECK = Grid(32, 3000, (48,), (12,), (64,), "float32")
 
 
-def inputs(tokens, hidden, vocab, key, dtype=jnp.bfloat16):
-    """``(hidden states [N, D], unembedding [D, V], token [N])``: standard normal hidden
-    states, an unembedding of standard deviation ``3 / sqrt(D)`` (logits of standard
-    deviation about 3), tokens uniform over the vocabulary."""
-
-    @jax.jit
-    def make(key):
-        k_hidden, k_unembedding, k_token = jax.random.split(key, 3)
-        states = jax.random.normal(k_hidden, (tokens, hidden), dtype)
-        scale = jnp.asarray(3.0 / hidden**0.5, dtype)
-        unembedding = scale * jax.random.normal(k_unembedding, (hidden, vocab), dtype)
-        return states, unembedding, jax.random.randint(k_token, (tokens,), 0, vocab)
-
-    return make(key)
-
-
-def differences(size=CHECK_SIZE, block=BLOCK, key=0):
-    """The largest differences between ``samplers`` and plain JAX, in bfloat16 and float32.
-
-    ``{dtype: {quantity: {"difference": largest absolute difference, "magnitude":
-    plain JAX's largest magnitude}}}``
-    for the mean log-probability and its gradients w.r.t. the hidden states and the
-    unembedding, at ``size`` ``(N, D, V)``.
-    """
-    found = {}
-    fns = steps((block,))
-    for dtype in (jnp.bfloat16, jnp.float32):
-        args = inputs(*size, jax.random.key(key), dtype)
-        (want, want_grad), (got, got_grad) = (fn(*args) for fn in fns.values())
-        found[jnp.dtype(dtype).name] = {
-            what: {
-                "difference": float(jnp.max(jnp.abs(a.astype(jnp.float32) - b))),
-                "magnitude": float(jnp.max(jnp.abs(b.astype(jnp.float32)))),
-            }
-            for what, a, b in (
-                ("mean log-prob", got, want),
-                ("gradient w.r.t. the hidden states", got_grad[0], want_grad[0]),
-                ("gradient w.r.t. the unembedding", got_grad[1], want_grad[1]),
-            )
-        }
-    return found
+def binary_search():
+    """The module ``tpu_inference/layers/common/binary_search.py`` of an installed
+    ``tpu-inference``, loaded from its file alone (not the package, which needs a
+    TPU runtime), or None where it is not installed."""
+    try:
+        spec = importlib.util.find_spec("tpu_inference")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "layers/common/binary_search.py"
+    if not path.exists():
+        return None
+    module_spec = importlib.util.spec_from_file_location("tpu_inference_binary_search", path)
+    if module_spec is None or module_spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
-def worst_difference(found):
-    """The largest of :func:`differences`'s differences over its magnitude."""
-    return max(
-        gap["difference"] / (gap["magnitude"] or 1.0)
-        for gaps in found.values()
-        for gap in gaps.values()
+# The steps, each a pure function of its arguments.
+
+
+def _logits(hidden, embedding):
+    return jax.lax.dot_general(
+        hidden, embedding, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
 
 
-def _out_of_memory(error):
+def _grpo(log_prob, old, advantage):
+    ratio = jnp.exp(log_prob - old)
+    clipped = jnp.clip(ratio, 0.8, 1.2)
+    return -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+
+
+def samplers_training(kept):
+    """The GRPO loss of tokens on their stored supports, value and gradient."""
+
+    def loss(hidden, embedding, token, support, old, advantage):
+        dist = samplers.TokenCategorical(hidden, embedding=embedding, top_p=TOP_P, max_kept=kept)
+        log_prob = dist.replay({"token": token, "support": support})[1]
+        return _grpo(log_prob, old, advantage)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def plain_training():
+    """The GRPO loss of tokens over the whole vocabulary, value and gradient."""
+
+    def loss(hidden, embedding, token, support, old, advantage):
+        log_probs = jax.nn.log_softmax(_logits(hidden, embedding))
+        log_prob = jnp.take_along_axis(log_probs, token[:, None], -1)[:, 0]
+        return _grpo(log_prob, old, advantage)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def samplers_decode(kept):
+    """One step's top-p draw with its support: ``{"token", "support"}``."""
+
+    def draw(hidden, embedding, key):
+        dist = samplers.TokenCategorical(hidden, embedding=embedding, top_p=TOP_P, max_kept=kept)
+        return dist.sample_replay_data(seed=key)
+
+    return jax.jit(draw)
+
+
+def _renormalised_top_p(values, ids, key):
+    """A draw from the top ``k`` ``values``, top-p renormalised over them."""
+    probs = jax.nn.softmax(values, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs
+    kept = jnp.where(before < TOP_P, values, -jnp.inf)
+    choice = jax.random.categorical(key, kept)
+    token = jnp.take_along_axis(ids, choice[:, None], -1)[:, 0]
+    return token, jnp.where(kept > -jnp.inf, ids, -1)
+
+
+def top_k_decode(kept):
+    """``lax.top_k`` of the logits, then top-p among them."""
+
+    def draw(hidden, embedding, key):
+        values, ids = jax.lax.top_k(_logits(hidden, embedding), kept)
+        return _renormalised_top_p(values, ids, key)
+
+    return jax.jit(draw)
+
+
+def approx_decode(kept):
+    """``lax.approx_max_k`` of the logits (recall 0.95), then top-p among them."""
+
+    def draw(hidden, embedding, key):
+        values, ids = jax.lax.approx_max_k(_logits(hidden, embedding), kept)
+        return _renormalised_top_p(values, ids, key)
+
+    return jax.jit(draw)
+
+
+def binary_search_decode(module):
+    """The exact top-p mask by binary search over float32 (vLLM on TPU's), then a draw."""
+
+    def draw(hidden, embedding, key):
+        logits = _logits(hidden, embedding)
+        masked = module.topp_mask(logits, TOP_P, -jnp.inf)
+        return jax.random.categorical(key, masked), masked > -jnp.inf
+
+    return jax.jit(draw)
+
+
+def samplers_untruncated():
+    """Mean log-probability plus 0.01 mean entropy over the whole vocabulary, streamed."""
+
+    def loss(hidden, embedding, token):
+        dist = samplers.TokenCategorical(hidden, embedding=embedding)
+        _, log_prob, entropy = dist.replay_and_entropy(token)
+        return jnp.mean(log_prob) + 0.01 * jnp.mean(entropy)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def plain_untruncated():
+    """The same with the whole ``[N, V]`` float32 log-softmax."""
+
+    def loss(hidden, embedding, token):
+        log_probs = jax.nn.log_softmax(_logits(hidden, embedding))
+        log_prob = jnp.take_along_axis(log_probs, token[:, None], -1)[:, 0]
+        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+        return jnp.mean(log_prob) + 0.01 * jnp.mean(entropy)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+# Inputs.
+
+
+def model(grid: Grid, rows: int, key=0):
+    """``(hidden [rows, D], embedding [V, D])``: standard normal hidden states, a table
+    of standard deviation ``3 / sqrt(D)`` (logits of standard deviation about 3)."""
+
+    @jax.jit
+    def make(key):
+        k_hidden, k_table = jax.random.split(key)
+        dtype = jnp.dtype(grid.dtype)
+        hidden = jax.random.normal(k_hidden, (rows, grid.hidden), dtype)
+        scale = jnp.asarray(3.0 / grid.hidden**0.5, dtype)
+        return hidden, scale * jax.random.normal(k_table, (grid.vocab, grid.hidden), dtype)
+
+    return make(jax.random.key(key))
+
+
+def rollout(hidden, embedding, kept):
+    """``(token, support, old log-probability, advantage)`` of a top-p sample, as a
+    rollout stores them (``support`` ``max_kept`` wide)."""
+
+    @jax.jit
+    def sample(hidden, embedding, key):
+        dist = samplers.TokenCategorical(hidden, embedding=embedding, top_p=TOP_P, max_kept=kept)
+        token, data, log_prob = dist.sample_with_replay(seed=key)
+        advantage = jax.random.normal(jax.random.fold_in(key, 1), token.shape)
+        return token, data["support"], log_prob, advantage
+
+    return sample(hidden, embedding, jax.random.key(7))
+
+
+# Cells: {name: (fn, args)}, the reference first.
+
+
+def training_cell(grid: Grid, tokens: int, kept: int) -> dict:
+    hidden, embedding = model(grid, tokens)
+    args = (hidden, embedding, *rollout(hidden, embedding, kept))
+    return {PLAIN: (plain_training(), args), SAMPLERS: (samplers_training(kept), args)}
+
+
+def decode_cell(grid: Grid, rows: int, kept: int) -> dict:
+    hidden, embedding = model(grid, rows)
+    args = (hidden, embedding, jax.random.key(3))
+    cell = {TOP_K: (top_k_decode(kept), args), SAMPLERS: (samplers_decode(kept), args)}
+    module = binary_search()
+    if module is not None:
+        cell[BINARY] = (binary_search_decode(module), args)
+    cell[APPROX] = (approx_decode(kept), args)
+    return cell
+
+
+def untruncated_cell(grid: Grid, tokens: int) -> dict:
+    hidden, embedding = model(grid, tokens)
+    token = jax.random.randint(jax.random.key(5), (tokens,), 0, grid.vocab)
+    args = (hidden, embedding, token)
+    return {PLAIN: (plain_untruncated(), args), SAMPLERS: (samplers_untruncated(), args)}
+
+
+def checks(grid: Grid = CHECK) -> dict:
+    """As :func:`_checks`, with matrix products at float32 precision: an accelerator's
+    default rounds their operands to bfloat16, which ``samplers``' exact arithmetic on
+    a support does not."""
+    with jax.default_matmul_precision("highest"):
+        return _checks(grid)
+
+
+def _checks(grid: Grid) -> dict:
+    """``samplers``' steps against independent computations, float32, at ``grid``:
+    ``{check: [largest difference over the reference's largest magnitude, what]}``.
+
+    - the training step against ``jax.nn.log_softmax`` of the logits restricted to
+      each stored support (value and both gradients);
+    - the decode step's support against the definition on the whole logits
+      (``lax.top_k``, then the mass over the whole vocabulary), the set of ids;
+      and, with ``tpu-inference`` installed and ``max_kept`` the vocabulary, the
+      binary-search mask;
+    - the untruncated step against plain JAX (value and both gradients).
+    """
+    found = {}
+    (tokens,), (rows,), (kept,) = grid.tokens, grid.rows, grid.kept
+    hidden, embedding = model(grid, tokens, key=1)
+    token, support, old, advantage = rollout(hidden, embedding, kept)
+
+    def on_support(hidden, embedding):
+        logits = _logits(hidden, embedding)
+        member = (
+            jnp.zeros(logits.shape, bool).at[jnp.arange(tokens)[:, None], support].set(support >= 0)
+        )
+        log_probs = jax.nn.log_softmax(jnp.where(member, logits, -jnp.inf))
+        return _grpo(jnp.take_along_axis(log_probs, token[:, None], -1)[:, 0], old, advantage)
+
+    got = samplers_training(kept)(hidden, embedding, token, support, old, advantage)
+    want = jax.jit(jax.value_and_grad(on_support, argnums=(0, 1)))(hidden, embedding)
+    found["training step"] = [_relative(got, want), "loss and gradients"]
+    got = samplers_untruncated()(hidden, embedding, token)
+    want = plain_untruncated()(hidden, embedding, token)
+    found["untruncated step"] = [_relative(got, want), "value and gradients"]
+
+    h, e = model(grid, rows, key=2)
+    drawn = samplers_decode(kept)(h, e, jax.random.key(0))
+    logits = np.asarray(_logits(h, e), np.float64)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :kept]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    sorted_probs = np.take_along_axis(probs, order, -1)
+    before = np.cumsum(sorted_probs, -1) - sorted_probs
+    expected = np.where(before < TOP_P, order, -1)
+    same = np.array_equal(np.sort(np.asarray(drawn["support"]), -1), np.sort(expected, -1))
+    found["decode step's support"] = [0.0 if same else 1.0, "sets of ids against the definition"]
+    module = binary_search()
+    if module is not None:
+        whole = samplers_decode(grid.vocab)(h, e, jax.random.key(0))["support"]
+        mask = np.asarray(module.topp_mask(_logits(h, e), TOP_P, -jnp.inf) > -jnp.inf)
+        ours = np.zeros_like(mask)
+        np.put_along_axis(ours, np.maximum(np.asarray(whole), 0), np.asarray(whole) >= 0, -1)
+        found["decode step's support, binary search"] = [
+            float(np.mean(ours != mask)),
+            "fraction of (row, token) pairs where the masks differ",
+        ]
+    return found
+
+
+def _relative(got, want) -> float:
+    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+    return max(
+        float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+        / max(float(jnp.max(jnp.abs(b.astype(jnp.float32)))), 1e-30)
+        for a, b in pairs
+    )
+
+
+# Timing and the report.
+
+
+def _out_of_memory(error) -> bool:
     text = str(error)
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
-def _compiled(fns):
-    """Per call: ``(fns with each step compiled, {name: compiled bytes})``. In the loop
-    the looped programs are compiled by the timing, which measures their memory."""
-    if timing.in_loop():
-        return fns, {}
-    compiled, memory = {}, {}
-    for name, (fn, args) in fns.items():
-        program = fn.lower(*args).compile()
-        analysis = program.memory_analysis()
+def _memory(cell) -> dict:
+    """Compiled bytes (XLA's temporaries plus outputs) of each step, called alone."""
+    found = {}
+    for name, (fn, args) in cell.items():
+        analysis = fn.lower(*args).compile().memory_analysis()
         if analysis is not None:
-            memory[name] = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
-        compiled[name] = (program, args)
-    return compiled, memory
+            found[name] = analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+    return found
 
 
-def time_cell(tokens, grid, rounds):
-    """``(samples, compiled bytes, names out of memory)`` at ``tokens`` tokens.
-
-    When the programs do not fit in the device's memory together with plain JAX's
-    (its ``[N, V]`` logits and their gradient), the others are timed without it.
-    """
-    args = inputs(tokens, grid["hidden"], grid["vocab"], jax.random.key(0))
-    fns = {name: (fn, args) for name, fn in steps(grid["blocks"]).items()}
+def time_cell(cell, rounds) -> tuple[dict, dict, list]:
+    """``(samples, compiled bytes, names out of memory)``; where the reference does not
+    fit in the device's memory beside the others, they are timed without it."""
+    reference = next(iter(cell))
     try:
-        programs, memory = _compiled(fns)
-        samples = timing.interleaved(programs, rounds)
+        memory = {} if timing.in_loop() else _memory(cell)
+        samples = timing.interleaved(cell, rounds)
         return samples, {**memory, **samples.memory}, []
     except Exception as error:  # XLA's RESOURCE_EXHAUSTED, at compile or run time
         if not _out_of_memory(error):
             raise
-        print(f"out of memory with {PLAIN} at N={tokens}: timing the others alone", flush=True)
-    others, memory = _compiled({name: fn for name, fn in fns.items() if name != PLAIN})
+    others = {name: step for name, step in cell.items() if name != reference}
+    memory = {} if timing.in_loop() else _memory(others)
     samples = timing.interleaved(others, rounds)
-    return samples, {**memory, **samples.memory}, [PLAIN]
+    return samples, {**memory, **samples.memory}, [reference]
 
 
-def _records(cell, tokens, grid, peak):
-    """One JSON record per implementation of a timed cell."""
-    samples, memory, missing = cell
-    flops = 6 * tokens * grid["hidden"] * grid["vocab"]
-    plain = None if PLAIN in missing else timing.summary(samples[PLAIN])[0]
-    found = [{"tokens": tokens, "implementation": name, "out_of_memory": True} for name in missing]
+def _records(label, value, cell_result, names):
+    samples, memory, missing = cell_result
+    reference = names[0]
+    found = [{label: value, "implementation": n, "out_of_memory": True} for n in missing]
     for name, runs in samples.items():
         seconds, ratio, low, high = timing.summary(runs)
-        record = {"tokens": tokens, "implementation": name, "seconds": seconds}
-        if plain is not None:
+        record = {label: value, "implementation": name, "seconds": seconds}
+        if reference not in missing:
             record.update(ratio=ratio, low=low, high=high)
         record["compiled_bytes"] = memory.get(name)
-        if memory.get(name) and memory.get(PLAIN):
-            record["memory_ratio"] = memory[name] / memory[PLAIN]
-        if name != timing.FLOOR:
-            record["tflops"] = flops / seconds / 1e12
-            if peak is not None:
-                record["peak_share"] = record["tflops"] / peak
+        if memory.get(name) and memory.get(reference):
+            record["memory_ratio"] = memory[name] / memory[reference]
         found.append(record)
     return found
 
 
-def _loop_note():
-    if not timing.in_loop():
-        return timing.loop_note()
-    return (
-        "Timed in the loop: each step inside one compiled `lax.fori_loop`, its inputs "
-        "depending on the previous step's outputs, the cost of the same program with no "
-        "steps taken off (`benchmarks/timing.py`). The floor, timed in the same rounds, "
-        "reads the inputs and writes outputs of the gradients' sizes in the same loop."
-    )
-
-
-def _rows(records, names):
+def _rows(records, label, names):
     rows = []
-    for record in sorted(records, key=lambda r: (r["tokens"], names.index(r["implementation"]))):
-        if record.get("out_of_memory"):
-            rows.append([record["tokens"], record["implementation"], "out of memory", *"----"])
+    order = {name: i for i, name in enumerate(names)}
+    for r in sorted(records, key=lambda r: (r[label], order.get(r["implementation"], 99))):
+        if r.get("out_of_memory"):
+            rows.append([r[label], r["implementation"], "out of memory", "-", "-", "-"])
             continue
-        ratio = (
-            f"{record['ratio']:.2f} ({record['low']:.2f}-{record['high']:.2f})"
-            if "ratio" in record
-            else "-"
-        )
-        size = record["compiled_bytes"]
-        share = f" ({record['peak_share']:.0%})" if "peak_share" in record else ""
+        ratio = f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f})" if "ratio" in r else "-"
+        size = r.get("compiled_bytes")
         rows.append(
             [
-                record["tokens"],
-                record["implementation"],
-                f"{record['seconds'] * 1e3:.3f}",
+                r[label],
+                r["implementation"],
+                f"{r['seconds'] * 1e3:.2f}",
                 ratio,
                 "-" if size is None else f"{size / 2**20:.1f}",
-                f"{record['memory_ratio']:.3f}" if "memory_ratio" in record else "-",
-                f"{record['tflops']:.2f}{share}" if "tflops" in record else "-",
+                f"{r['memory_ratio']:.3f}" if "memory_ratio" in r else "-",
             ]
         )
     return rows
@@ -239,111 +422,138 @@ def run(
     rounds=ROUNDS,
     command=None,
     large=False,
-    peak_tflops=None,
     grid=None,
 ):
-    """Checks that both sides agree, times them at each number of tokens; writes
-    ``{name}.md`` and ``{name}.json`` and returns the report's text.
+    """Checks the steps, times them, writes ``{name}.md`` and ``{name}.json`` and
+    returns the report's text.
 
     Args:
-        batches: The numbers of tokens ``N``; None for the grid's.
+        batches: The numbers of tokens ``N`` of the training and untruncated steps;
+            None for the grid's.
         out_dir, device, name, rounds, command: As :func:`benchmarks.discrete.run`'s.
-        large: The accelerator grid, :data:`LARGE` (``D = 2048``, ``V = 151936``); on
-            the CPU :data:`QUICK`'s sizes are timed whatever this says.
-        peak_tflops: The device's matrix peak in TFLOP/s; by default
-            :data:`PEAK_TFLOPS`'s figure for the device, if known.
-        grid: Sizes in :data:`QUICK`'s form, in place of both grids.
+        large: The accelerator grid, :data:`LARGE` (D = 2048, V = 151936, bfloat16);
+            on the CPU :data:`QUICK` is timed whatever this says.
+        grid: A :class:`Grid` in place of both.
+
+    ``--cases`` (:func:`timing.set_timing`) chooses the steps by name: ``training``,
+    ``decode``, ``untruncated``.
 
     Raises:
-        AssertionError: the two sides differ by more than ``TOLERANCE``.
+        AssertionError: a check differs by more than :data:`TOLERANCE`.
     """
     device = jax.devices()[0] if device is None else device
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     conditions = timing.Conditions(command or "python -m benchmarks --tokens", device)
     chosen = grid or (LARGE if large and device.platform != "cpu" else QUICK)
-    batches = tuple(chosen["batches"] if batches is None else batches)
-    peak = peak_tflops if peak_tflops is not None else PEAK_TFLOPS.get(device.device_kind)
-    case = f"D={chosen['hidden']}, V={chosen['vocab']}"
-    names = [PLAIN, *(implementation_name(b) for b in chosen["blocks"]), timing.FLOOR]
-    cells, partial, records = {}, {}, []
+    if batches is not None:
+        chosen = chosen._replace(tokens=tuple(batches))
+    results = {"training": [], "decode": [], "untruncated": []}
+    steps = {step.name for step in timing.chosen(STEPS)}
     with jax.default_device(device):
-        found = differences(block=chosen["blocks"][0])
-        if worst_difference(found) > TOLERANCE:
-            raise AssertionError(f"samplers and plain JAX differ: {found}")
-        for tokens in batches:
-            print(f"timing the token scores N={tokens}, {case} on {device.device_kind}", flush=True)
-            cells[tokens] = time_cell(tokens, chosen, rounds)
-            records += _records(cells[tokens], tokens, chosen, peak)
-            partial[case, tokens] = {"score": cells[tokens][0]}
-            timing.save_partial(out_dir, name, partial, _WORKLOADS, conditions)
+        found = checks()
+        # The binary search keeps ties at its threshold and sums float32 probabilities:
+        # its masks are reported, not held to the tolerance.
+        worst = max(value for check, (value, _) in found.items() if "binary" not in check)
+        if worst > TOLERANCE:
+            raise AssertionError(f"samplers' token steps differ from their checks: {found}")
+        for tokens in chosen.tokens if "training" in steps else ():
+            for kept in chosen.kept:
+                label = f"N = {tokens}, max_kept = {kept}"
+                print(f"timing the training step, {label}", flush=True)
+                result = time_cell(training_cell(chosen, tokens, kept), rounds)
+                results["training"] += _records("cell", label, result, [PLAIN, SAMPLERS])
+                _save_partial(out_dir, name, conditions, results)
+        for rows in chosen.rows if "decode" in steps else ():
+            label = f"R = {rows}, max_kept = {chosen.kept[0]}"
+            print(f"timing the decode step, {label}", flush=True)
+            cell = decode_cell(chosen, rows, chosen.kept[0])
+            result = time_cell(cell, rounds)
+            results["decode"] += _records("cell", label, result, list(cell))
+            _save_partial(out_dir, name, conditions, results)
+        for tokens in chosen.tokens if "untruncated" in steps else ():
+            label = f"N = {tokens}"
+            print(f"timing the untruncated step, {label}", flush=True)
+            result = time_cell(untruncated_cell(chosen, tokens), rounds)
+            results["untruncated"] += _records("cell", label, result, [PLAIN, SAMPLERS])
     conditions.stop()
-    checked = "; ".join(
-        f"{dtype}: "
-        + ", ".join(
-            f"{what} {gap['difference']:.1e} (of {gap['magnitude']:.1e})"
-            for what, gap in gaps.items()
-        )
-        for dtype, gaps in found.items()
-    )
-    if large and device.platform == "cpu" and grid is None:
-        sizes_note = (
-            f"`--large`'s D = {LARGE['hidden']}, V = {LARGE['vocab']} are for accelerators: "
-            f"on the CPU the default D = {QUICK['hidden']}, V = {QUICK['vocab']} are timed. "
-        )
-    else:
-        sizes_note = ""
-    time_unit = "ms per step" if timing.in_loop() else "ms per call"
-    peak_note = (
-        f"the share of the matrix peak, {peak:g} TFLOP/s"
-        if peak is not None
-        else "no matrix peak known for this device (`--peak-tflops`)"
-    )
+    return _report(out_dir, name, conditions, chosen, rounds, found, results)
+
+
+def _save_partial(out_dir, name, conditions, results) -> None:
+    """The cells timed so far, in ``{name}.partial.json``: a run stopped at a time limit
+    keeps them (:func:`timing.write_report` removes the file with the whole report)."""
+    record = {**conditions.identity(), "stopped": True, **results}
+    (Path(out_dir) / f"{name}.partial.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _report(out_dir, name, conditions, grid, rounds, found, results):
+    unit = "ms per step" if timing.in_loop() else "ms per call"
+    header = [
+        "cell",
+        "implementation",
+        unit,
+        "time / reference",
+        "compiled MiB",
+        "memory / reference",
+    ]
+    peer = "installed" if binary_search() is not None else "not installed, so not timed"
+    checked = "; ".join(f"{check}: {value:.1e} ({what})" for check, (value, what) in found.items())
+    decode_names = [TOP_K, SAMPLERS, BINARY, APPROX]
     sections = [
-        "# Token log-probabilities over a vocabulary",
+        "# The token head's steps",
         "",
-        conditions.line().replace("; float32.", "; bfloat16, accumulated in float32."),
+        conditions.line().replace("; float32.", f"; {grid.dtype}, accumulated in float32."),
         "",
-        f"{sizes_note}Hidden states `[N, {chosen['hidden']}]` and an unembedding "
-        f"`[{chosen['hidden']}, {chosen['vocab']}]`, bfloat16, accumulated in float32; tokens "
-        f"uniform over the vocabulary. {PLAIN}: `logits = jnp.dot(hidden, unembedding, "
-        "preferred_element_type=jnp.float32)`, `jax.nn.log_softmax(logits)`, the token's "
-        "entry by `jnp.take_along_axis`, the mean. `samplers`: `jnp.mean(samplers."
-        "TokenCategorical(hidden, unembedding, block=(rows, tokens)).full_log_prob(token))`, "
-        f"the default block {BLOCK}. Before timing, the largest absolute differences of the "
-        f"two (over {PLAIN}'s largest magnitude), at N, D, V = {CHECK_SIZE}: {checked}.",
+        f"Hidden states `[N, {grid.hidden}]` and a tied embedding table `[{grid.vocab}, "
+        f"{grid.hidden}]` ({grid.dtype}), logits of standard deviation about 3, top-p {TOP_P}; "
+        "every array an argument of the timed program. Before timing, each `samplers` step "
+        f"against an independent computation (float32, D = {CHECK.hidden}, V = {CHECK.vocab}): "
+        f"{checked}. tpu-inference: {peer}.",
         "",
-        _loop_note(),
-        "",
-        f"## {_TITLE}",
-        "",
-        f"Time: median over {rounds} interleaved rounds; time / {PLAIN}: median of the "
-        f"ratios to {PLAIN}'s time in the same round (min-max), below 1 faster. Compiled "
-        "memory: XLA's temporaries plus outputs of each program (in the loop, of the looped "
-        f"program). TFLOP/s: the useful FLOPs, 6 N D V (the forward matmul and the two of "
-        f"its gradient; `samplers` recomputes the logits in its backward pass, a fourth "
-        f"matmul not counted), over the time, with {peak_note}.",
-        "",
-        timing.table(
-            _rows(records, names),
-            [
-                "N",
-                "implementation",
-                time_unit,
-                f"time / {PLAIN}",
-                "compiled MiB",
-                f"memory / {PLAIN}",
-                "TFLOP/s",
-            ],
+        timing.loop_note()
+        if not timing.in_loop()
+        else (
+            "Timed in the loop: each step inside one compiled `lax.fori_loop` "
+            "(`benchmarks/timing.py`); compiled memory is the looped program's."
         ),
+        "",
+        f"Time: median over {rounds} interleaved rounds; time / reference: median of the "
+        "ratios to the first row's time in the same round (min-max). Compiled memory: "
+        "XLA's temporaries plus outputs.",
+        "",
+        "## Training step: the clipped GRPO loss of stored tokens, value and gradient "
+        "w.r.t. the hidden states and the table",
+        "",
+        f"{PLAIN}: the token's entry of `jax.nn.log_softmax` of the float32 logits `[N, V]`. "
+        f"{SAMPLERS}: `TokenCategorical(hidden, embedding=table, top_p={TOP_P}, "
+        "max_kept=K).replay({'token', 'support'})`, each token scored on its stored support.",
+        "",
+        timing.table(_rows(results["training"], "cell", [PLAIN, SAMPLERS]), header),
+        "",
+        "## Decode step: one top-p draw with its support",
+        "",
+        f"{TOP_K}: `lax.top_k` of the logits, top-p renormalised over the top `max_kept`. "
+        f"{SAMPLERS}: `sample_replay_data`, the token and its support (top-p over the whole "
+        f"vocabulary's mass, exact). {BINARY}: `topp_mask` of tpu-inference 0.32.0 "
+        "(`layers/common/binary_search.py`), then `jax.random.categorical`. "
+        f"{APPROX}: `lax.approx_max_k` in place of `lax.top_k`.",
+        "",
+        timing.table(_rows(results["decode"], "cell", decode_names), header),
+        "",
+        "## Untruncated step: mean log-probability plus 0.01 mean entropy over the whole "
+        "vocabulary, value and gradient",
+        "",
+        f"{PLAIN}: `jax.nn.log_softmax` of the float32 logits `[N, V]`. {SAMPLERS}: "
+        "`TokenCategorical(hidden, embedding=table).replay_and_entropy(token)`, one stream "
+        "over the vocabulary, whose gradient recomputes each block.",
+        "",
+        timing.table(_rows(results["untruncated"], "cell", [PLAIN, SAMPLERS]), header),
     ]
     record = {
         **conditions.record(rounds),
-        "hidden": chosen["hidden"],
-        "vocab": chosen["vocab"],
-        "blocks": [list(b) for b in chosen["blocks"]],
-        "peak_tflops": peak,
-        "differences": found,
-        "timings": records,
+        "grid": grid._asdict(),
+        "checks": found,
+        **results,
     }
     return timing.write_report(out_dir, name, sections, record)

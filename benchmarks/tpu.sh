@@ -13,16 +13,19 @@
 #   SUITES    the suites to run (default: default discrete composite beta autoregressive flow;
 #             tokens is run only when named: SUITES=tokens)
 #   BATCHES   batch sizes (default: each suite's --large grid, B in 1,4096,65536,262144,1048576;
-#             for tokens N in 1024,8192 tokens, with D = 2048 and V = 151936)
+#             for tokens N = 8192 tokens, with D = 2048, V = 151936 and decode steps of 256
+#             and 1024 rows; its binary-search peer needs pip install --no-deps
+#             tpu-inference==0.32.0)
 #   ROUNDS    interleaved rounds per cell (default 5)
 #   LIMIT_S   each suite's time limit in seconds (default 300)
 #   ONLY      the implementations to time beside the references (default: all), e.g.
 #             "samplers,samplers (pure layer)": fewer programs to compile
 #   CASES     the cases to time, by part of their names (default: all), e.g. "K = 4,spline"
-#             with SUITES=flow; only for the suites of several cases (--cases)
+#             with SUITES=flow, "decode" with SUITES=tokens; only for the suites of several
+#             cases (--cases)
 #   OUT, RESULTS  logs (default benchmarks/results/tpu) and reports (default benchmarks/results)
 #   DEVICE    the platform (default tpu; cpu tries the script out at small sizes: there
-#             tokens times its CPU sizes, D = 256 and V = 32768, e.g. BATCHES=64,256)
+#             tokens times its CPU sizes, D = 128 and V = 32768, e.g. BATCHES=256)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SUITES=${SUITES:-default discrete composite beta autoregressive flow}

@@ -6,7 +6,7 @@ Run alone, in one process, on a CPU, a GPU or a TPU::
 
 It checks, for the squashed-Normal heads (tanh and ``BoundedTanh`` with asymmetric
 per-dimension bounds), the Categorical, Beta, composite, autoregressive and flow heads
-(and for the token head, (a) to (c)):
+(and for the token head, (a) to (c) and (e)):
 
 (a) a rollout and the replay of its stored data inside one compiled program give the
     same log-likelihood, bit for bit;
@@ -18,7 +18,13 @@ per-dimension bounds), the Categorical, Beta, composite, autoregressive and flow
     head's own parameters are finite at saturated means (``|pre-image| >= 10``);
 (d) log-densities, entropies and their gradients against float64 oracles: the 50-digit
     ``tests/oracle.py`` for the squashed Normal, ``mpmath`` for the Beta, float64 NumPy
-    formulas written here for the rest.
+    formulas written here for the rest;
+(e) ``TokenCategorical`` in the patterns GRPO trainers run it in
+    (``tests/_token_patterns.py``): a ``lax.scan`` decode loop of 16 steps at 1, 7, 32,
+    48 and 256 rows a step, replayed as the whole ``[T, R]`` batch, as shuffled
+    minibatches and under ``jax.grad``, truncated (rollout and replay blocks different)
+    and not, with float32 and bfloat16 tables: the replayed log-probability is the
+    sampled one, bit for bit.
 
 Every check measures its figure (the largest error over its grid, in the unit it
 states) and compares it with the tolerance of the backend it runs on, from
@@ -46,7 +52,7 @@ from flax import nnx
 from mpmath import mp
 
 import samplers
-from tests import oracle
+from tests import _token_patterns, oracle
 
 pytestmark = pytest.mark.accelerator
 
@@ -79,6 +85,7 @@ TOLERANCES = {
         "composite log-likelihood": 16 * EPS,
         "autoregressive log-likelihood": 16 * EPS,
         "flow log-likelihood": 1e-5,
+        "token replay patterns": 0.0,
     },
     # The TPU's float32 transcendental functions are less accurate (softplus about 1e-4
     # relative), and its default matrix products round their inputs to bfloat16: the
@@ -105,6 +112,7 @@ TOLERANCES = {
         "composite log-likelihood": 2e-4,
         "autoregressive log-likelihood": 1e-3,
         "flow log-likelihood": 2e-3,
+        "token replay patterns": 0.0,
     },
 }
 TOLERANCE = TOLERANCES.get(BACKEND, TOLERANCES["tpu"])
@@ -1231,3 +1239,45 @@ def test_beta_against_mpmath():
         gradient_errors("entropy", entropy_grads, "ab"),
         "error / (|gradient| + its terms)",
     )
+
+
+# ---------------------------------------------------------------------------------
+# (e) The token head in the patterns GRPO trainers run it in.
+
+# D = 256 and V = 10000: a TPU's untruncated tiles of 4096 tokens, two and a remainder.
+TOKEN_PATTERN_SIZES = _token_patterns.Sizes(steps=16, hidden=256, vocab=10000)
+TOKEN_PATTERNS = [
+    # rows, options, jit, rollout block, table dtype
+    *((rows, "top_p", True, None, "float32") for rows in (1, 7, 32, 48, 256)),
+    *((rows, "untruncated", True, None, "float32") for rows in (1, 7, 32, 48, 256)),
+    (48, "top_p", True, (8, 512), "float32"),
+    (7, "top_k+min_p", False, None, "float32"),
+    (32, "top_p", True, None, "bfloat16"),
+    (32, "untruncated", True, None, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize(
+    "rows, name, jit, block, dtype",
+    TOKEN_PATTERNS,
+    ids=[
+        f"{r}-{n}{'' if j else '-eager'}{'-block' if b else ''}-{d}"
+        for r, n, j, b, d in TOKEN_PATTERNS
+    ],
+)
+@_measures_all
+def test_token_replay_in_the_users_patterns(rows, name, jit, block, dtype):
+    """The largest ``|replayed - sampled|`` log-probability (nats) of a decode loop's
+    tokens replayed at once, in shuffled minibatches and under ``jax.grad``."""
+    found = _token_patterns.measure(
+        rows,
+        name,
+        jit=jit,
+        rollout_block=block,
+        dtype=jnp.dtype(dtype),
+        sizes=TOKEN_PATTERN_SIZES,
+    )
+    modes = ("" if jit else ", eager") + (", rollout block" if block else "")
+    case = f"{rows} rows, {name}{modes}, {dtype}"
+    for pattern, error in found.items():
+        _measure("token replay patterns", f"{case}: {pattern}", error, "nats")

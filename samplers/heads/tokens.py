@@ -1,9 +1,9 @@
 """A language model's next-token policy: a :class:`samplers.TokenCategorical` head.
 
 The network output is the model's last hidden states and its unembedding (owned by
-the model, often tied to its embedding), never the ``[*batch, V]`` logits: the pure
-layer streams the vocabulary in blocks, and the head adds the stream, ``eval()``, the
-stored token (and support) and its exact entropy cost.
+the model, often tied to its embedding), or the logits of a model that returns them:
+the pure layer streams the vocabulary in tiles, and the head adds the stream,
+``eval()``, the stored token (and support) and its exact entropy cost.
 """
 
 from typing import Any, cast
@@ -14,10 +14,14 @@ import numpy as np
 from flax import nnx
 
 from samplers import _checks
-from samplers.distributions.tokens import PAD, TokenCategorical
+from samplers.distributions.tokens import FULL, TokenCategorical
 from samplers.heads.action_sampler import ActionSampler, Scored
 
-TokenInputs = Any  # (hidden [*batch, D], unembedding [D, V]) or (hidden, unembedding, bias)
+# (hidden [*batch, D], unembedding [D, V][, bias [V]]), logits [*batch, V], or a dict of
+# those names (or "embedding" [V, D]) with per-row options.
+TokenInputs = Any
+_OPTIONS = ("temperature", "top_k", "top_p", "min_p")
+_ARRAYS = ("hidden", "unembedding", "embedding", "bias", "logits")
 
 
 class TokenSampler(ActionSampler):
@@ -26,9 +30,15 @@ class TokenSampler(ActionSampler):
     ``inputs`` is ``(hidden, unembedding)`` or ``(hidden, unembedding, bias)``:
     ``hidden [*batch, D]``, ``unembedding [D, V]``, ``bias [V]``; the policy is
     ``softmax((hidden @ unembedding + bias) / temperature)``, truncated by top-k,
-    top-p and min-p as :class:`samplers.TokenCategorical` says. ``mask`` (a keyword
-    of the call) is booleans broadcastable to ``[*batch, V]``, True where a token is
-    allowed: a forbidden token is never sampled and scores ``-inf``.
+    top-p and min-p as :class:`samplers.TokenCategorical` says. A model that returns
+    its logits passes them, ``[*batch, V]``, as ``inputs``. ``inputs`` may also be a
+    dict of those arrays by name (``"hidden"`` with ``"unembedding"`` or a tied
+    ``"embedding"`` table ``[V, D]``, and ``"bias"``; or ``"logits"``) with per-row
+    options, ``"temperature"``, ``"top_k"``, ``"top_p"`` or ``"min_p"`` arrays of the
+    batch shape, that replace the head's for that call (vLLM's per-request
+    parameters, compiled once): give the loss call the rollout's. ``mask`` (a
+    keyword of the call) is booleans broadcastable to ``[*batch, V]``, True where a
+    token is allowed: a forbidden token is never sampled and scores ``-inf``.
 
     A rollout draws one key from the stream (token ``n`` then draws with
     ``fold_in(key, n)``), or with ``per_env_streams`` each token its own key, and
@@ -51,7 +61,8 @@ class TokenSampler(ActionSampler):
         entropy_weight: Weight of the entropy bonus, finite (required).
         vocab_size: ``V``, positive: the unembedding's width.
         temperature, top_k, top_p, min_p, max_kept, block: As in
-            :class:`samplers.TokenCategorical`.
+            :class:`samplers.TokenCategorical` (``temperature=0`` is refused: greedy
+            decoding is ``eval()``).
         per_env_streams: If True, one random stream per token in the carry state
             (see :meth:`initialize_state`).
         log_ratio_metrics: If True, the rollout emits ``{"replay_data",
@@ -61,8 +72,9 @@ class TokenSampler(ActionSampler):
 
     Raises:
         ValueError: ``vocab_size`` is not a positive integer, or an option is out of
-            its range (at construction); the unembedding is not ``vocab_size`` wide.
-        TypeError: ``inputs`` is not such a tuple (or list).
+            its range (at construction); the weights or logits are not ``vocab_size``
+            wide.
+        TypeError: ``inputs`` is not such a tuple (or list), array or dict.
 
     Example:
         >>> import jax, jax.numpy as jnp, samplers
@@ -88,7 +100,7 @@ class TokenSampler(ActionSampler):
         top_p: float | None = None,
         min_p: float | None = None,
         max_kept: int = 256,
-        block: tuple[int, int] = (128, 4096),
+        block: tuple[int, int] | None = None,
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
         rng_collection: str = "action",
@@ -102,9 +114,10 @@ class TokenSampler(ActionSampler):
         )
         self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
-        self.max_kept, self.block = max_kept, cast(tuple[int, int], tuple(block))
+        self.max_kept = max_kept
+        self.block = None if block is None else cast(tuple[int, int], tuple(block))
         # The distribution checks its options: a bad one raises here, not at the first call.
-        self._make(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), None, None)
+        self._make({"logits": np.zeros((1, 1), np.float32)}, None)
 
     @property
     def num_params(self) -> int:
@@ -120,36 +133,68 @@ class TokenSampler(ActionSampler):
         )
 
     def _distribution(self, inputs: TokenInputs, mask: Any) -> TokenCategorical:
-        sequence = isinstance(inputs, (tuple, list))
-        if not sequence or len(inputs) not in (2, 3):
+        return self._make(self._arrays(inputs), mask)
+
+    def _arrays(self, inputs: TokenInputs) -> dict:
+        """``inputs`` as a dict of arrays and options by name, checked."""
+        if isinstance(inputs, dict):
+            unknown = set(inputs) - set(_ARRAYS) - set(_OPTIONS)
+            if unknown:
+                raise TypeError(
+                    f"TokenSampler's inputs dict takes {_ARRAYS + _OPTIONS}, got "
+                    f"{sorted(unknown)}; pass the arrays and per-row options by these names."
+                )
+            named = dict(inputs)
+        elif isinstance(inputs, (tuple, list)) and len(inputs) in (2, 3):
+            named: dict[str, Any] = dict(
+                zip(("hidden", "unembedding", "bias"), inputs, strict=False)
+            )
+        elif not isinstance(inputs, (tuple, list)) and np.ndim(inputs) >= 1:
+            named = {"logits": inputs}
+        else:
+            sequence = isinstance(inputs, (tuple, list))
             got = type(inputs).__name__ + (f" of length {len(inputs)}" if sequence else "")
             raise TypeError(
                 f"TokenSampler takes inputs=(hidden [*batch, D], unembedding [D, V]) or "
-                f"(hidden, unembedding, bias [V]), got {got}; pass the language model's "
-                f"hidden states with its unembedding (for tied embeddings, the embedding "
-                f"table transposed), not the logits."
+                f"(hidden, unembedding, bias [V]), logits [*batch, V], or a dict of them by "
+                f"name, got {got}; pass the language model's hidden states with its "
+                f"unembedding (for tied embeddings, embedding= its table), or its logits."
             )
-        hidden, unembedding, *bias = inputs
-        if jnp.ndim(unembedding) != 2 or jnp.shape(unembedding)[1] != self.vocab_size:
-            raise ValueError(
-                f"TokenSampler was built with vocab_size={self.vocab_size}, so the unembedding "
-                f"must be [D, {self.vocab_size}], got {jnp.shape(unembedding)}; pass it as "
-                f"[D, V] or build the head with the model's vocab_size."
+        if ("logits" in named) == ("hidden" in named):
+            raise TypeError(
+                f"TokenSampler's inputs hold the hidden states (with their weights) or the "
+                f"logits, one of them, got {sorted(named)}; pass one."
             )
-        return self._make(hidden, unembedding, bias[0] if bias else None, mask)
+        layouts = {
+            "unembedding": (1, "[D, V]"),
+            "embedding": (0, "[V, D]"),
+            "logits": (-1, "[*batch, V]"),
+        }
+        for name, (axis, layout) in layouts.items():
+            if name not in named:
+                continue
+            shape = tuple(np.shape(named[name]))
+            if len(shape) < 2 - (axis == -1) or shape[axis] != self.vocab_size:
+                raise ValueError(
+                    f"TokenSampler was built with vocab_size={self.vocab_size}, so the {name} "
+                    f"must be {layout} with V = {self.vocab_size}, got {shape}; pass the "
+                    f"model's weights, or build the head with its vocab_size."
+                )
+        return named
 
-    def _make(self, hidden, unembedding, bias, mask) -> TokenCategorical:
+    def _make(self, named: dict, mask) -> TokenCategorical:
+        options = {name: named.get(name, getattr(self, name)) for name in _OPTIONS}
+        common: dict[str, Any] = dict(
+            mask=mask, max_kept=self.max_kept, block=self.block, **options
+        )
+        if "logits" in named:
+            return TokenCategorical.from_logits(named["logits"], **common)
         return TokenCategorical(
-            hidden,
-            unembedding,
-            bias,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            mask=mask,
-            max_kept=self.max_kept,
-            block=self.block,
+            named.get("hidden"),  # type: ignore[arg-type]  (checked by the distribution)
+            named.get("unembedding"),
+            named.get("bias"),
+            embedding=named.get("embedding"),
+            **common,
         )
 
     def _replay(self, dist: TokenCategorical, data) -> Scored:
@@ -163,5 +208,6 @@ class TokenSampler(ActionSampler):
             return {"support_size": size, "kept_mass": jnp.ones(dist.batch_shape, dtype)}
         support = scored.data["support"]
         kept = dist.support_mass(support)
-        size = jnp.sum(support != PAD, axis=-1).astype(kept.dtype)
+        size = jnp.sum(support >= 0, axis=-1).astype(kept.dtype)
+        size = jnp.where(support[..., 0] == FULL, self.vocab_size, size)  # drawn untruncated
         return jax.lax.stop_gradient({"support_size": size, "kept_mass": kept})

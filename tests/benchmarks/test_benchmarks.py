@@ -588,47 +588,40 @@ def test_flow_flag_runs_the_flow_suite(monkeypatch, tmp_path):
     assert batches == (8, 16) and out == tmp_path and options["name"] == "flow"
 
 
-_TOKENS_GRID = {"hidden": 16, "vocab": 300, "batches": (8,), "blocks": ((8, 128), (4, 64))}
+_TOKENS_GRID = tokens.Grid(16, 300, (8,), (4,), (16, 4), "float32")
 
 
-@pytest.fixture
-def _rank_promotion_allowed():
-    """``TokenCategorical`` compares ``[rows, 1]`` tokens with a block's ``[size]`` ids
-    by implicit rank promotion, which the test session's ``raise`` refuses."""
-    with jax.numpy_rank_promotion("allow"):
-        yield
+def test_token_steps_agree_with_their_checks():
+    found = tokens.checks(tokens.Grid(8, 200, (12,), (6,), (16,), "float32"))
+    assert {"training step", "untruncated step", "decode step's support"} <= set(found)
+    for check, (value, _) in found.items():
+        if "binary" not in check:
+            assert value <= tokens.TOLERANCE, (check, value)
 
 
-@pytest.mark.usefixtures("_rank_promotion_allowed")
-def test_token_scores_agree_with_plain_jax():
-    found = tokens.differences(size=(24, 16, 300), block=(8, 128))
-    assert set(found) == {"bfloat16", "float32"}
-    assert tokens.worst_difference(found) < tokens.TOLERANCE
-    for gap in found["float32"].values():  # streamed in blocks, the same to rounding
-        assert gap["difference"] <= 1e-5 * gap["magnitude"]
-
-
-@pytest.mark.usefixtures("_rank_promotion_allowed")
 def test_tokens_suite_runs_and_writes_its_report(tmp_path):
     device = timing.select_device("cpu")
-    text = tokens.run(
-        None, tmp_path, device=device, name="toy", rounds=1, grid=_TOKENS_GRID, peak_tflops=1.0
-    )
+    text = tokens.run(None, tmp_path, device=device, name="toy", rounds=1, grid=_TOKENS_GRID)
     assert (tmp_path / "toy.md").read_text() == text
-    assert "## Score" in text and "D=16" not in text and "`[16, 300]`" in text
-    for name in ("plain JAX", "samplers, block (8, 128)", "samplers, block (4, 64)"):
-        assert f"| 8 | {name} |" in text
+    for heading in ("## Training step", "## Decode step", "## Untruncated step"):
+        assert heading in text
+    for row in (
+        "| N = 8, max_kept = 16 | plain JAX |",
+        "| N = 8, max_kept = 4 | samplers |",
+        "| R = 4, max_kept = 16 | lax.top_k sampler |",
+        "| R = 4, max_kept = 16 | lax.approx_max_k sampler |",
+        "| N = 8 | samplers |",
+    ):
+        assert row in text, row
     saved = json.loads((tmp_path / "toy.json").read_text())
-    assert saved["hidden"] == 16 and saved["vocab"] == 300 and saved["peak_tflops"] == 1.0
-    assert tokens.worst_difference(saved["differences"]) < tokens.TOLERANCE
-    assert len(saved["timings"]) == 3
-    for record in saved["timings"]:
+    assert saved["grid"]["hidden"] == 16 and saved["grid"]["vocab"] == 300
+    assert len(saved["training"]) == 4 and len(saved["untruncated"]) == 2
+    for record in saved["training"] + saved["decode"] + saved["untruncated"]:
         assert record["seconds"] > 0 and record["low"] <= record["ratio"] <= record["high"]
-        assert record["compiled_bytes"] > 0 and record["peak_share"] == record["tflops"]
+        assert record["compiled_bytes"] > 0
     assert not (tmp_path / "toy.partial.json").exists()
 
 
-@pytest.mark.usefixtures("_rank_promotion_allowed")
 def test_tokens_suite_times_samplers_alone_where_plain_jax_is_out_of_memory(monkeypatch, tmp_path):
     interleaved = timing.interleaved
 
@@ -638,13 +631,17 @@ def test_tokens_suite_times_samplers_alone_where_plain_jax_is_out_of_memory(monk
         return interleaved(fns, rounds, *args)
 
     monkeypatch.setattr(timing, "interleaved", exhausted)
-    grid = {**_TOKENS_GRID, "blocks": ((8, 128),)}
+    grid = _TOKENS_GRID._replace(kept=(4,))
     text = tokens.run((8,), tmp_path, device=timing.select_device("cpu"), rounds=1, grid=grid)
-    assert "| 8 | plain JAX | out of memory |" in text
+    assert "| N = 8, max_kept = 4 | plain JAX | out of memory |" in text
     saved = json.loads((tmp_path / "tokens.json").read_text())
-    plain, ours = saved["timings"]
-    assert plain == {"tokens": 8, "implementation": "plain JAX", "out_of_memory": True}
-    assert ours["implementation"] == "samplers, block (8, 128)" and "ratio" not in ours
+    plain, ours = saved["training"]
+    assert plain == {
+        "cell": "N = 8, max_kept = 4",
+        "implementation": "plain JAX",
+        "out_of_memory": True,
+    }
+    assert ours["implementation"] == "samplers" and "ratio" not in ours
 
 
 def test_tokens_flag_runs_the_tokens_suite(monkeypatch, tmp_path, capsys):
@@ -653,14 +650,11 @@ def test_tokens_flag_runs_the_tokens_suite(monkeypatch, tmp_path, capsys):
         tokens, "run", lambda batches, out, **options: calls.append((batches, out, options))
     )
     cli.main(["--tokens", "--out", str(tmp_path)])
-    cli.main(["--tokens", "--large", "--batches", "1024,8192", "--peak-tflops", "197"])
+    cli.main(["--tokens", "--large", "--batches", "1024,8192"])
     (batches, out, options), (large, _, chosen) = calls
     assert batches is None and out == tmp_path and options["name"] == "tokens"
-    assert options["large"] is False and options["peak_tflops"] is None
-    assert large == (1024, 8192) and chosen["large"] is True and chosen["peak_tflops"] == 197.0
-    with pytest.raises(SystemExit):
-        cli.main(["--beta", "--peak-tflops", "197"])
-    assert "--peak-tflops is an option of --tokens" in capsys.readouterr().err
+    assert options["large"] is False
+    assert large == (1024, 8192) and chosen["large"] is True
     with pytest.raises(SystemExit):
         cli.main(["--tokens", "--full"])
     assert "--tokens has no --full grid" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from scipy import special
 
 import samplers
 from samplers import TokenCategorical, support_from_kept_ids
+from samplers.distributions.tokens import FULL
 from tests._devices import REPO_ROOT, cpu_devices_environment
 from tests._tiers import slow
 from tests.reference import categorical_entropy_float64, masked_log_softmax_float64
@@ -702,10 +703,12 @@ def test_deterministic_replay_data_is_the_mode_on_the_current_support():
         dist.check_replay_data(np.zeros(N, np.int32))
     with pytest.raises(TypeError, match="a support must be integer ids"):
         dist.check_replay_data({"token": np.zeros(N, np.int32), "support": np.zeros((N, 4))})
-    with pytest.raises(TypeError, match="the stored token must be integer token ids"):
+    with pytest.raises(TypeError, match=r"replay data\['token'\] must be integer token ids"):
         dist.check_replay_data({"token": np.zeros(N - 1, np.int32), "support": data["support"]})
-    with pytest.raises(TypeError, match="rollout_extras must be integer token ids"):
+    with pytest.raises(TypeError, match="replay data must be integer token ids"):
         full.check_replay_data(np.zeros(N, np.float32))
+    with pytest.raises(TypeError, match="rollout_extras must be integer token ids"):
+        full.check_replay_data(np.zeros(N, np.float32), "rollout_extras")
 
 
 # Sampling frequencies.
@@ -932,3 +935,340 @@ def test_distrax_seeds_an_integer_a_raw_key_and_a_typed_key_draw_alike():
     assert dist.sample(seed=5, sample_shape=(2,)).shape == (2, 3)
     raw = dist.sample_with_replay(seed=jax.random.PRNGKey(1))[0]
     np.testing.assert_array_equal(raw, dist.sample_with_replay(seed=jax.random.key(1))[0])
+
+
+# What a GRPO user expects: no truncation at top_p=1 and min_p=0, logits, the tied
+# embedding table, per-row options, refused data, padded completions.
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        slow(dict(top_p=1.0), id="top_p=1"),
+        pytest.param(dict(min_p=0.0), id="min_p=0"),
+        slow(dict(top_p=1.0, min_p=0.0), id="both"),
+    ],
+)
+def test_top_p_one_and_min_p_zero_truncate_nothing(options):
+    hidden, unembedding, bias = _problem(seed=20)
+    dist = _dist(hidden, unembedding, bias, temperature=0.9, max_kept=4, **options)
+    plain = _dist(hidden, unembedding, bias, temperature=0.9, max_kept=4)
+    assert not dist.truncated
+    key = jax.random.key(0)
+    np.testing.assert_array_equal(
+        dist.sample_replay_data(seed=key), plain.sample_replay_data(seed=key)
+    )
+    tokens = jnp.asarray(np.arange(N) * 3 % V)
+    np.testing.assert_array_equal(dist.log_prob(tokens), plain.full_log_prob(tokens))
+
+
+@pytest.mark.slow
+def test_from_logits_is_the_distribution_of_the_logits():
+    hidden, unembedding, bias = _problem(seed=22)
+    logits = _logits(*_rounded(jnp.float32, hidden, unembedding, bias))
+    truncation = dict(top_k=6, top_p=0.9, max_kept=8, temperature=0.8)
+    dist = TokenCategorical.from_logits(jnp.asarray(logits, jnp.float32), block=BLOCK, **truncation)
+    expected, margin = _oracle_supports(
+        logits / 0.8, **{k: v for k, v in truncation.items() if k != "temperature"}
+    )
+    assert margin > 1e-4
+    np.testing.assert_array_equal(dist.support(), expected)
+    token, data, log_prob = dist.sample_with_replay(seed=jax.random.key(1))
+    np.testing.assert_array_equal(dist.replay(data)[1], log_prob)
+    on_support = _on_support(logits / 0.8, expected)
+    _close(log_prob, on_support[np.arange(N), np.asarray(token)], 1e-5)
+    full = TokenCategorical.from_logits(jnp.asarray(logits, jnp.float32), block=BLOCK)
+    _close(
+        full.full_entropy(), categorical_entropy_float64(masked_log_softmax_float64(logits)), 1e-5
+    )
+
+    # Gradients w.r.t. the logits against the dense float64 log-softmax, both paths.
+    with jax.enable_x64(True):
+        dense = jnp.asarray(logits)
+        member = np.zeros((N, V), bool)
+        np.put_along_axis(member, np.maximum(expected, 0), expected >= 0, -1)
+
+        def library(x):
+            truncated = TokenCategorical.from_logits(x, top_k=6, top_p=0.9, max_kept=8, block=BLOCK)
+            untruncated = TokenCategorical.from_logits(x, block=BLOCK)
+            data = {"token": jnp.asarray(np.asarray(token)), "support": jnp.asarray(expected)}
+            _, lp, ent = truncated.replay_and_entropy(data)
+            return (lp + 0.3 * ent + untruncated.full_log_prob(data["token"])).sum()
+
+        def oracle(x):
+            on = jax.nn.log_softmax(jnp.where(member, x, -jnp.inf))
+            every = jax.nn.log_softmax(x)
+            picked = jnp.take_along_axis(on, jnp.asarray(np.asarray(token))[:, None], -1)[:, 0]
+            ent = -jnp.where(member, jnp.exp(on) * jnp.where(member, on, 0), 0).sum(-1)
+            return (
+                picked
+                + 0.3 * ent
+                + jnp.take_along_axis(every, jnp.asarray(np.asarray(token))[:, None], -1)[:, 0]
+            ).sum()
+
+        np.testing.assert_allclose(
+            jax.grad(library)(dense), jax.grad(oracle)(dense), rtol=1e-10, atol=1e-12
+        )
+
+
+@pytest.mark.slow
+def test_an_embedding_table_is_its_unembedding_transposed():
+    hidden, unembedding, bias = _problem(seed=22)
+    truncation = dict(top_p=0.9, max_kept=8)
+    h, w, b = (jnp.asarray(a, jnp.float32) for a in (hidden, unembedding, bias))
+    by_columns = TokenCategorical(h, w, b, block=BLOCK, **truncation)
+    by_rows = TokenCategorical(h, None, b, embedding=w.T, block=BLOCK, **truncation)
+    key = jax.random.key(2)
+    token, data, log_prob = by_rows.sample_with_replay(seed=key)
+    np.testing.assert_array_equal(
+        by_columns.sample_replay_data(seed=key)["support"], data["support"]
+    )
+    # A support's logits sum the same products in the same order from rows or columns.
+    np.testing.assert_array_equal(by_columns.replay(data)[1], log_prob)
+    _close(by_rows.full_entropy(), by_columns.full_entropy(), 1e-6)
+
+    def loss(weights, embedding):
+        dist = TokenCategorical(
+            h,
+            None if embedding else weights,
+            b,
+            embedding=weights if embedding else None,
+            block=BLOCK,
+            **truncation,
+        )
+        _, lp, ent = dist.replay_and_entropy(data)
+        full = TokenCategorical(
+            h,
+            None if embedding else weights,
+            b,
+            embedding=weights if embedding else None,
+            block=BLOCK,
+        )
+        return (lp + ent + full.full_log_prob(token) + full.full_entropy()).sum()
+
+    np.testing.assert_allclose(
+        jax.grad(loss)(w.T, True), jax.grad(loss)(w, False).T, rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(
+        TypeError, match=r"the unembedding \[D, V\] or the embedding table \[V, D\]"
+    ):
+        TokenCategorical(h, w, embedding=w.T)
+    with pytest.raises(TypeError, match="one of them"):
+        TokenCategorical(h)
+    with pytest.raises(ValueError, match=r"embedding \[V, D\] with the same D"):
+        TokenCategorical(h, embedding=w)
+
+
+@pytest.mark.slow
+def test_options_per_row_are_each_rows_and_compile_once():
+    hidden, unembedding, bias = (jnp.asarray(a, jnp.float32) for a in _problem(seed=23))
+    rows = {
+        "temperature": jnp.linspace(0.5, 2.0, N),
+        "top_k": jnp.asarray([3, 0, 5, -1, 8, 2, 0, 4, 6, 1]),
+        "top_p": jnp.asarray([0.9, 1.0, 1.0, 0.8, 0.95, 1.0, 1.0, 0.99, 0.6, 1.0]),
+        "min_p": jnp.asarray([0.0, 0.0, 0.0, 0.05, 0.0, 0.2, 0.0, 0.0, 0.3, 0.0]),
+    }
+    traces = []
+
+    @jax.jit
+    def support(h, w, b, options):
+        traces.append(None)
+        return TokenCategorical(h, w, b, max_kept=8, block=BLOCK, **options).support()
+
+    got = np.asarray(support(hidden, unembedding, bias, rows))
+    for row in range(N):
+        options = {name: value[row].item() for name, value in rows.items()}
+        if options["top_k"] <= 0:
+            del options["top_k"]
+        alone = _dist(np.asarray(hidden[row : row + 1]), unembedding, bias, max_kept=8, **options)
+        if alone.truncated:
+            np.testing.assert_array_equal(
+                got[row], np.asarray(alone.support())[0], err_msg=str(row)
+            )
+        else:  # top_p 1, min_p 0, no top_k: drawn from the whole vocabulary
+            np.testing.assert_array_equal(got[row], [FULL] + [-1] * 7)
+    other = {name: value[::-1] for name, value in rows.items()}
+    support(hidden, unembedding, bias, other)
+    assert len(traces) == 1  # new values, no new program
+
+    # A row drawn untruncated replays on the whole vocabulary, bit for bit.
+    dist = TokenCategorical(hidden, unembedding, bias, max_kept=8, block=BLOCK, **rows)
+    token, data, log_prob = dist.sample_with_replay(seed=jax.random.key(3))
+    full_rows = np.asarray(data["support"])[:, 0] == FULL
+    assert full_rows.sum() == 2
+    np.testing.assert_array_equal(dist.replay(data)[1], log_prob)
+    temperature = np.asarray(rows["temperature"])
+    for row in np.flatnonzero(full_rows):
+        plain = _dist(
+            np.asarray(hidden[row : row + 1]),
+            unembedding,
+            bias,
+            temperature=float(temperature[row]),
+        )
+        np.testing.assert_array_equal(log_prob[row], plain.full_log_prob(token[row : row + 1])[0])
+        np.testing.assert_array_equal(
+            dist.entropy_on_support(data["support"])[row], plain.full_entropy()[0]
+        )
+    np.testing.assert_array_equal(np.asarray(dist.support_mass(data["support"]))[full_rows], 1.0)
+
+
+def test_bad_options_per_row_are_refused_where_concrete_and_nan_where_traced():
+    hidden, unembedding = jnp.zeros((3, 2)), jnp.zeros((2, 5))
+    with pytest.raises(
+        ValueError,
+        match=r"temperature must be > 0.0, got 0; temperature 0 is greedy decoding: take "
+        r"dist.mode\(\)",
+    ):
+        TokenCategorical(hidden, unembedding, temperature=0)
+    with pytest.raises(
+        ValueError,
+        match=r"temperature must be > 0 and finite in every row, got 0.0 .*dist.mode\(\)",
+    ):
+        TokenCategorical(hidden, unembedding, temperature=jnp.asarray([1.0, 0.0, 2.0]))
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] in every row, got 1.5"):
+        TokenCategorical(hidden, unembedding, top_p=jnp.asarray([0.5, 1.5, 1.0]))
+    with pytest.raises(ValueError, match=r"min_p must be in \[0, 1\] in every row, got -0.1"):
+        TokenCategorical(hidden, unembedding, min_p=np.asarray([0.0, -0.1, 0.2]))
+    with pytest.raises(ValueError, match=r"top_k must be at most max_kept = 4 .* got 5"):
+        TokenCategorical(hidden, unembedding, top_k=jnp.asarray([1, 5, 2]), max_kept=4)
+    with pytest.raises(
+        TypeError,
+        match=r"top_k must be a number or a integer array broadcastable to the batch shape \(3,\)",
+    ):
+        TokenCategorical(hidden, unembedding, top_k=jnp.asarray([1.0, 2.0, 3.0]))
+    with pytest.raises(
+        TypeError,
+        match=r"top_p must be .* broadcastable to the batch shape \(3,\), got float32 \(4,\)",
+    ):
+        TokenCategorical(hidden, unembedding, top_p=jnp.ones(4))
+
+    @jax.jit
+    def entropy(temperature):
+        return TokenCategorical(hidden, unembedding, temperature=temperature).full_entropy()
+
+    got = np.asarray(entropy(jnp.asarray([1.0, 0.0, -1.0])))
+    np.testing.assert_allclose(got[0], np.log(5), rtol=1e-6)
+    assert np.all(np.isnan(got[1:]))
+
+
+def test_replay_refuses_data_not_its_own_with_the_fix():
+    hidden, unembedding, bias = _problem(seed=24)
+    truncated = _dist(hidden, unembedding, bias, top_p=0.9, max_kept=8)
+    full = _dist(hidden, unembedding, bias)
+    data = truncated.sample_replay_data(seed=jax.random.key(0))
+    token = data["token"]
+    with pytest.raises(TypeError, match=r"replay data must be an array of numbers, got 'abc'"):
+        full.replay("abc")
+    with pytest.raises(TypeError, match=r"replays \{'token', 'support'\}, got tuple"):
+        truncated.replay((token, data["support"]))
+    with pytest.raises(
+        TypeError, match=r"replays \{'token', 'support'\}, got a dict with \['token'\]"
+    ):
+        truncated.replay({"token": token})
+    with pytest.raises(
+        TypeError, match=r"an untruncated TokenCategorical replays the stored token ids alone"
+    ):
+        full.replay(data)
+    support = np.asarray(data["support"]).copy()
+    support[2, 1] = V
+    with pytest.raises(
+        ValueError, match=rf"holds id {V} \(row 2\), outside the vocabulary \[0, {V}\)"
+    ):
+        truncated.replay({"token": token, "support": support})
+    support[2, 1] = -1
+    support[4] = -1
+    with pytest.raises(ValueError, match=r"the stored support of row 4 holds no id"):
+        truncated.replay({"token": token, "support": support})
+    # Traced, where its values cannot be checked: NaN for such rows.
+    support[4, 0] = V + 3
+    got = np.asarray(
+        jax.jit(lambda d: truncated.replay(d)[1])({"token": token, "support": support})
+    )
+    others = np.delete(got, 4)
+    assert np.isnan(got[4]) and not np.any(np.isnan(others))
+    support[4] = -1
+    got = np.asarray(
+        jax.jit(lambda d: truncated.replay(d)[1])({"token": token, "support": support})
+    )
+    assert np.isnan(got[4])
+
+
+def test_replay_and_entropy_scores_and_entropies_in_one_pass():
+    hidden, unembedding, bias = _problem(seed=25)
+    logits = _logits(*_rounded(jnp.float32, hidden, unembedding, bias))
+    for options in (dict(top_p=0.9, max_kept=8), {}):
+        dist = _dist(hidden, unembedding, bias, **options)
+        token, data, log_prob = dist.sample_with_replay(seed=jax.random.key(4))
+        got_token, got_log_prob, entropy = dist.replay_and_entropy(data)
+        np.testing.assert_array_equal(got_token, token)
+        np.testing.assert_array_equal(got_log_prob, log_prob)  # bit for bit
+        if options:
+            np.testing.assert_array_equal(entropy, dist.entropy_on_support(data["support"]))
+            _close(
+                entropy,
+                categorical_entropy_float64(_on_support(logits, np.asarray(data["support"]))),
+                1e-5,
+            )
+        else:
+            np.testing.assert_array_equal(entropy, dist.full_entropy())
+            _close(entropy, categorical_entropy_float64(masked_log_softmax_float64(logits)), 1e-5)
+
+        # One pass: one gather of the support, or one stream over the vocabulary.
+        def both(h, d=data, options=options):
+            return _dist(h, unembedding, bias, **options).replay_and_entropy(d)[1:]
+
+        jaxpr = str(jax.make_jaxpr(both)(jnp.asarray(hidden, jnp.float32)))
+        assert jaxpr.count("custom_vjp_call") == 1, jaxpr.count("custom_vjp_call")
+
+
+@pytest.mark.parametrize(
+    "truncation", [slow(dict(top_p=0.9, max_kept=8), id="top_p"), slow({}, id="full")]
+)
+def test_completions_padded_after_their_end_are_masked_out_of_the_loss(truncation):
+    # A rollout of 6 steps; completions end at steps 2..6, and the tokens after an end
+    # are stored as -1 (padding), so they score -inf: the loss masks them with a double
+    # where, on the new and the stored log-probabilities, as the guide shows.
+    steps, rows = 6, N
+    hidden = jnp.asarray(np.random.default_rng(26).normal(size=(steps, rows, D)), jnp.float32)
+    unembedding = jnp.asarray(_problem(seed=26)[1], jnp.float32)
+    dist = TokenCategorical(hidden, unembedding, block=BLOCK, **truncation)
+    token, data, stored = dist.sample_with_replay(seed=jax.random.key(5))
+    ends = jnp.asarray(np.arange(rows) % 5 + 2)
+    valid = jnp.arange(steps)[:, None] < ends[None]
+    padded_token = jnp.where(valid, token, -1)
+    data = {**data, "token": padded_token} if isinstance(data, dict) else padded_token
+    stored = jnp.where(valid, stored, -jnp.inf)  # what a rollout that stops writes
+    advantage = jnp.asarray(np.random.default_rng(27).normal(size=rows), jnp.float32)
+
+    def loss(h):
+        log_prob = TokenCategorical(h, unembedding, block=BLOCK, **truncation).replay(data)[1]
+        new = jnp.where(valid, log_prob, 0.0)
+        old = jnp.where(valid, stored, 0.0)
+        ratio = jnp.exp(new - old)
+        weight = advantage[None]
+        per_token = jnp.minimum(ratio * weight, jnp.clip(ratio, 0.8, 1.2) * weight)
+        return -(per_token * valid).sum() / valid.sum(), ratio
+
+    (value, ratio), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(hidden)
+    assert np.isfinite(value) and np.all(np.isfinite(grad))
+    assert np.all(np.asarray(ratio) == 1.0)
+    assert np.all(np.asarray(grad)[~np.asarray(valid)] == 0) and np.any(np.asarray(grad) != 0)
+    # Without the double where, a float mask (TRL's completion_mask) leaves NaN:
+    # exp(-inf - -inf) * 0.
+    naive = jnp.exp(dist.replay(data)[1] - stored) * valid.astype(jnp.float32)
+    assert np.isnan(np.asarray(naive)[~np.asarray(valid)]).all()
+
+
+def test_support_from_kept_ids_takes_leading_axes_and_jax_arrays():
+    kept = np.full((2, 3, 4), -1)
+    kept[..., 0] = np.arange(6).reshape(2, 3)
+    kept[1, 2, 1:3] = [7, 9]
+    got = support_from_kept_ids(jnp.asarray(kept), max_kept=5, vocab_size=10)
+    assert got.shape == (2, 3, 5) and got.dtype == jnp.int32
+    np.testing.assert_array_equal(got[..., :4], kept)
+    np.testing.assert_array_equal(got[..., 4], -1)
+    np.testing.assert_array_equal(support_from_kept_ids(kept, max_kept=5), got)
+    with pytest.raises(ValueError, match=r"token 5 keeps ids outside \[0, 8\): 5..9"):
+        support_from_kept_ids(kept, max_kept=5, vocab_size=8)
+    with pytest.raises(TypeError, match="takes concrete ids"):
+        jax.jit(lambda k: support_from_kept_ids(k, max_kept=5))(jnp.asarray(kept))

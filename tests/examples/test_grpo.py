@@ -1,6 +1,8 @@
 """The GRPO example: its reward and advantages, the ratios of a tiny run, and a learning
 run (slow tier)."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -43,3 +45,28 @@ def test_grpo_learns_to_reverse_the_digits():
     assert result["start_reward"] < 0.3
     assert result["end_reward"] > result["start_reward"] + 0.5
     assert result["replay_ratio_error"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_plain_jax_variant_and_a_larger_vocabulary_run():
+    # A vocabulary of 512 with supports of up to 64 ids, as --large has proportions.
+    config = grpo.Config(
+        iterations=2,
+        digits=3,
+        prompts=2,
+        group_size=4,
+        epochs=1,
+        dim=16,
+        layers=1,
+        heads=2,
+        vocab=512,
+        max_kept=64,
+    )
+    ours = grpo.train(config)
+    assert ours["replay_ratio_error"] == 0.0 and ours["loss_ratio_error"] == 0.0
+    plain = grpo.train(dataclasses.replace(config, sampler="plain"))
+    # Plain JAX stores the whole vocabulary's log-probability: its first ratio is about 1.
+    assert plain["replay_ratio_error"] < 1e-5 and plain["full_vocabulary_ratio"] > 0.99
+    for result in (ours, plain):
+        assert result["rollout_ms"] > 0 and result["update_ms"] > 0
+        assert np.isfinite(result["final_loss"])

@@ -268,15 +268,22 @@ def test_the_network_output_must_be_hidden_states_and_an_unembedding():
     head = _token_head()
     hidden, unembedding = _hidden_and_unembedding()
     takes = r"TokenSampler takes inputs=\(hidden \[\*batch, D\], unembedding \[D, V\]\)"
-    with pytest.raises(TypeError, match=takes + r".*got ArrayImpl;.*not the logits"):
-        head((), hidden @ unembedding)
+    with pytest.raises(TypeError, match=takes + r".*got float of length|got float;"):
+        head((), 1.0)
     with pytest.raises(TypeError, match=takes + r".*got tuple of length 1;"):
         head((), (hidden,))
     with pytest.raises(TypeError, match=r"got list of length 4;"):
         head.distribution([hidden, unembedding, unembedding[0], unembedding[0]])
-    wrong = r"vocab_size=61, so the unembedding must be \[D, 61\], got \(8, 60\)"
+    wrong = r"vocab_size=61, so the unembedding must be \[D, V\] with V = 61, got \(8, 60\)"
     with pytest.raises(ValueError, match=wrong):
         head((), (hidden, unembedding[:, :60]))
+    wrong = r"so the logits must be \[\*batch, V\] with V = 61, got \(12, 60\)"
+    with pytest.raises(ValueError, match=wrong):
+        head((), (hidden @ unembedding)[:, :60])
+    with pytest.raises(TypeError, match=r"inputs dict takes .* got \['weights'\]"):
+        head((), {"hidden": hidden, "weights": unembedding})
+    with pytest.raises(TypeError, match=r"the hidden states .* or the logits, one of them"):
+        head((), {"embedding": unembedding.T})
     with pytest.raises(AttributeError, match="TokenSampler has no num_params"):
         head.num_params  # noqa: B018
     assert keys_drawn(head) == 0  # refused before drawing a key
@@ -314,3 +321,39 @@ def test_nnx_jit_traces_once_for_new_inputs_and_state():
     later = jitted_call(head, (), _hidden_and_unembedding(seed=9), mask=mask)
     jitted_call(head, (), _hidden_and_unembedding(seed=9), later.rollout_extras, mask)
     assert len(TRACES) == traces
+
+
+@pytest.mark.slow
+def test_logits_and_a_dict_of_arrays_with_per_row_options_are_network_outputs():
+    hidden, unembedding, bias = _hidden_and_unembedding(seed=10, bias=True)
+    logits = hidden @ unembedding + bias[None]
+    head = _token_head(top_p=0.8)
+    key_head = _token_head(top_p=0.8)
+    out = jitted_call(head, (), (hidden, unembedding, bias))
+    by_logits = jitted_call(key_head, (), logits)  # the same keys, the same distribution
+    np.testing.assert_array_equal(by_logits.output["action"], out.output["action"])
+    np.testing.assert_allclose(
+        by_logits.output["log_likelihood"], out.output["log_likelihood"], rtol=1e-5, atol=1e-6
+    )
+    again = jitted_call(key_head, (), logits, by_logits.rollout_extras)
+    np.testing.assert_array_equal(
+        again.output["log_likelihood"], by_logits.output["log_likelihood"]
+    )
+    # Per-row options in a dict replace the head's for the call, and replay bit for bit.
+    options = {"temperature": jnp.linspace(0.5, 1.5, N), "top_p": jnp.linspace(0.5, 1.0, N)}
+    inputs = {"hidden": hidden, "embedding": unembedding.T, "bias": bias, **options}
+    rolled = jitted_call(head, (), inputs)
+    replayed = jitted_call(head, (), inputs, rolled.rollout_extras)
+    np.testing.assert_array_equal(
+        replayed.output["log_likelihood"], rolled.output["log_likelihood"]
+    )
+    support = np.asarray(rolled.rollout_extras["support"])
+    expected = _dist((hidden, unembedding, bias), **options).support()
+    np.testing.assert_array_equal(support, expected)
+    assert support[-1, 0] == samplers.distributions.tokens.FULL  # top_p 1: untruncated
+    np.testing.assert_array_equal(rolled.metrics["support_size"][-1], V)
+
+
+def test_temperature_zero_points_to_eval():
+    with pytest.raises(ValueError, match=r"temperature 0 is greedy decoding.*eval\(\)"):
+        samplers.TokenSampler(nnx.Rngs(0), WEIGHT, vocab_size=V, temperature=0)
