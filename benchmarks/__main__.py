@@ -12,33 +12,24 @@ table (``_SUITES``) mapping each flag to its module. The size flags choose a gri
 """
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-from benchmarks import (
-    autoregressive,
-    bandwidth,
-    beta,
-    composite,
-    discrete,
-    end_to_end,
-    flow,
-    squashed_normal,
-    timing,
-    tokens,
-)
+from benchmarks import bandwidth, timing
 from benchmarks.squashed_normal import FULL, LARGE, QUICK
 
-# Each suite by its flag (None: the run without one): its module and what it times.
+# Each suite by its flag (None: the run without one): its module and what it times. The
+# chosen suite's module alone is imported (the end-to-end suite needs gymnax).
 _SUITES = {
-    None: (squashed_normal, "the squashed-Normal head"),
-    "discrete": (discrete, "the discrete heads"),
-    "composite": (composite, "the composite heads"),
-    "beta": (beta, "the Beta head"),
-    "autoregressive": (autoregressive, "the autoregressive head"),
-    "flow": (flow, "the flow head"),
-    "tokens": (tokens, "the token head's training, decode and untruncated steps"),
-    "end-to-end": (end_to_end, "PPO on CartPole and Pendulum, each whole run one compiled call"),
+    None: ("squashed_normal", "the squashed-Normal head"),
+    "discrete": ("discrete", "the discrete heads"),
+    "composite": ("composite", "the composite heads"),
+    "beta": ("beta", "the Beta head"),
+    "autoregressive": ("autoregressive", "the autoregressive head"),
+    "flow": ("flow", "the flow head"),
+    "tokens": ("tokens", "the token head's training, decode and untruncated steps"),
+    "end-to-end": ("end_to_end", "PPO on CartPole and Pendulum, each whole run one compiled call"),
 }
 _WITH_CASES = ("discrete", "composite", "beta", "flow", "tokens")  # suites of several cases
 
@@ -112,7 +103,7 @@ def _parser():
     parser.add_argument(
         "--num-envs",
         type=int,
-        help=f"--end-to-end: environments side by side (default {end_to_end.NUM_ENVS})",
+        help="--end-to-end: environments side by side (default 2048: end_to_end.NUM_ENVS)",
     )
     parser.add_argument(
         "--budget",
@@ -152,7 +143,8 @@ def main(argv=None):
     if len(chosen) > 1:
         parser.error(f"--{' and --'.join(chosen)} are separate runs; pass one of them")
     suite = chosen[0] if chosen else None
-    module, heads = _SUITES[suite]
+    module_name, heads = _SUITES[suite]
+    module = importlib.import_module(f"benchmarks.{module_name}")
     in_loop = args.timing == "loop" or (args.timing is None and device.platform != "cpu")
     if args.bandwidth_tbs is not None and not (in_loop or suite is None):
         parser.error(
@@ -171,7 +163,7 @@ def main(argv=None):
     if suite is None:  # the whole grid, and the modelled bandwidth floor if asked for
         sizes, options = grid, {"name": args.name, "bandwidth_tbs": args.bandwidth_tbs}
     elif suite == "end-to-end":
-        sizes = end_to_end.NUM_ENVS if args.num_envs is None else args.num_envs
+        sizes = module.NUM_ENVS if args.num_envs is None else args.num_envs
         options = {
             "name": "end_to_end" if args.name == "results" else args.name,
             "budget": 1.0 if args.budget is None else args.budget,

@@ -702,5 +702,6 @@ def test_end_to_end_suite_runs_and_writes_its_report(monkeypatch, tmp_path):
         "budget": 1.0,
         "name": "other",
     }
+    assert f"(default {end_to_end.NUM_ENVS}: " in " ".join(cli._parser().format_help().split())
     with pytest.raises(SystemExit):
         cli.main(["--beta", "--num-envs", "64"])
