@@ -255,47 +255,59 @@ class ActionSampler(RandomStreams, StatefulModule):
     def _all_metrics(self, inputs, dist, scored: Scored) -> dict:
         """The head's metrics, with the log-ratio ones where a replay has the rollout's."""
         metrics = self._metrics(inputs, dist, scored)
-        old = scored.old_log_likelihood
-        if self.log_ratio_metrics and old is not None:
-            name = "rollout_extras['log_likelihood']"
-            _checks.stored_precision(name, old, scored.log_likelihood.dtype)
-            log_ratio = scored.log_likelihood - old
-            metrics |= {"log_ratio": log_ratio, "approx_kl": k3(log_ratio)}
+        if self.log_ratio_metrics and scored.old_log_likelihood is not None:
+            metrics |= _log_ratio_metrics(scored.log_likelihood, scored.old_log_likelihood)
         return metrics
 
     def _pack(self, scored: Scored) -> Any:
         """The ``rollout_extras`` that a later call replays."""
-        data = jax.lax.stop_gradient(scored.data)
-        if not self.log_ratio_metrics:
-            return data
-        old = jax.lax.stop_gradient(scored.log_likelihood)
-        return {self._stored_name: data, "log_likelihood": old}
+        return _pack(scored, self._stored_name, self.log_ratio_metrics)
 
     def _unpack(self, dist, rollout_extras) -> tuple[Any, Any]:
         """The stored replay data, checked, and the rollout's log-likelihood if stored."""
-        fields = {self._stored_name, "log_likelihood"}
-        if not self.log_ratio_metrics:
-            if isinstance(rollout_extras, dict) and set(rollout_extras) == fields:
-                raise TypeError(
-                    f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
-                    f"sampler replays the stored {self._stored_name} alone; pass "
-                    f"log_ratio_metrics=True to the sampler that emitted it."
-                )
-            return replay.check_replay_data(dist, rollout_extras, "rollout_extras"), None
-        if not isinstance(rollout_extras, dict) or set(rollout_extras) != fields:
+        return _unpack(dist, rollout_extras, self._stored_name, self.log_ratio_metrics)
+
+
+# The rollout's log-likelihood stored beside the replay data (log_ratio_metrics=True).
+
+
+def _log_ratio_metrics(log_likelihood: Array, old: Array) -> dict:
+    """``log_ratio`` (current minus rollout) and its k3 ``approx_kl``."""
+    _checks.stored_precision("rollout_extras['log_likelihood']", old, log_likelihood.dtype)
+    log_ratio = log_likelihood - old
+    return {"log_ratio": log_ratio, "approx_kl": k3(log_ratio)}
+
+
+def _pack(scored: Scored, name: str, with_log_likelihood: bool) -> Any:
+    """The replay data, or ``{name: data, "log_likelihood": ...}``."""
+    data = jax.lax.stop_gradient(scored.data)
+    if not with_log_likelihood:
+        return data
+    return {name: data, "log_likelihood": jax.lax.stop_gradient(scored.log_likelihood)}
+
+
+def _unpack(dist, rollout_extras, name: str, with_log_likelihood: bool) -> tuple[Any, Any]:
+    """What :func:`_pack` stored: ``(replay data checked, log-likelihood or None)``."""
+    fields = {name, "log_likelihood"}
+    if not with_log_likelihood:
+        if isinstance(rollout_extras, dict) and set(rollout_extras) == fields:
             raise TypeError(
-                f"with log_ratio_metrics=True, rollout_extras must be the dict "
-                f"{{{self._stored_name!r}, 'log_likelihood'}} that the rollout call emitted, "
-                f"got {type(rollout_extras).__name__}."
+                f"rollout_extras is a dict with keys {sorted(rollout_extras)}, but this "
+                f"sampler replays the stored {name} alone; pass "
+                f"log_ratio_metrics=True to the sampler that emitted it."
             )
-        stored = rollout_extras[self._stored_name]
-        data = replay.check_replay_data(dist, stored, "rollout_extras")
-        old = _checks.float_array(
-            "rollout_extras['log_likelihood']", rollout_extras["log_likelihood"]
+        return replay.check_replay_data(dist, rollout_extras, "rollout_extras"), None
+    if not isinstance(rollout_extras, dict) or set(rollout_extras) != fields:
+        raise TypeError(
+            f"with log_ratio_metrics=True, rollout_extras must be the dict "
+            f"{{{name!r}, 'log_likelihood'}} that the rollout call emitted, "
+            f"got {type(rollout_extras).__name__}."
         )
-        if old.shape != dist.batch_shape:
-            raise ValueError(
-                f"rollout_extras['log_likelihood'] must have the batch shape "
-                f"{dist.batch_shape}, got {old.shape}."
-            )
-        return data, old
+    data = replay.check_replay_data(dist, rollout_extras[name], "rollout_extras")
+    old = _checks.float_array("rollout_extras['log_likelihood']", rollout_extras["log_likelihood"])
+    if old.shape != dist.batch_shape:
+        raise ValueError(
+            f"rollout_extras['log_likelihood'] must have the batch shape "
+            f"{dist.batch_shape}, got {old.shape}."
+        )
+    return data, old

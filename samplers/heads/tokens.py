@@ -133,54 +133,7 @@ class TokenSampler(ActionSampler):
         )
 
     def _distribution(self, inputs: TokenInputs, mask: Any) -> TokenCategorical:
-        return self._make(self._arrays(inputs), mask)
-
-    def _arrays(self, inputs: TokenInputs) -> dict:
-        """``inputs`` as a dict of arrays and options by name, checked."""
-        if isinstance(inputs, dict):
-            unknown = set(inputs) - set(_ARRAYS) - set(_OPTIONS)
-            if unknown:
-                raise TypeError(
-                    f"TokenSampler's inputs dict takes {_ARRAYS + _OPTIONS}, got "
-                    f"{sorted(unknown)}; pass the arrays and per-row options by these names."
-                )
-            named = dict(inputs)
-        elif isinstance(inputs, (tuple, list)) and len(inputs) in (2, 3):
-            named: dict[str, Any] = dict(
-                zip(("hidden", "unembedding", "bias"), inputs, strict=False)
-            )
-        elif not isinstance(inputs, (tuple, list)) and np.ndim(inputs) >= 1:
-            named = {"logits": inputs}
-        else:
-            sequence = isinstance(inputs, (tuple, list))
-            got = type(inputs).__name__ + (f" of length {len(inputs)}" if sequence else "")
-            raise TypeError(
-                f"TokenSampler takes inputs=(hidden [*batch, D], unembedding [D, V]) or "
-                f"(hidden, unembedding, bias [V]), logits [*batch, V], or a dict of them by "
-                f"name, got {got}; pass the language model's hidden states with its "
-                f"unembedding (for tied embeddings, embedding= its table), or its logits."
-            )
-        if ("logits" in named) == ("hidden" in named):
-            raise TypeError(
-                f"TokenSampler's inputs hold the hidden states (with their weights) or the "
-                f"logits, one of them, got {sorted(named)}; pass one."
-            )
-        layouts = {
-            "unembedding": (1, "[D, V]"),
-            "embedding": (0, "[V, D]"),
-            "logits": (-1, "[*batch, V]"),
-        }
-        for name, (axis, layout) in layouts.items():
-            if name not in named:
-                continue
-            shape = tuple(np.shape(named[name]))
-            if len(shape) < 2 - (axis == -1) or shape[axis] != self.vocab_size:
-                raise ValueError(
-                    f"TokenSampler was built with vocab_size={self.vocab_size}, so the {name} "
-                    f"must be {layout} with V = {self.vocab_size}, got {shape}; pass the "
-                    f"model's weights, or build the head with its vocab_size."
-                )
-        return named
+        return self._make(_named_inputs(inputs, self.vocab_size), mask)
 
     def _make(self, named: dict, mask) -> TokenCategorical:
         options = {name: named.get(name, getattr(self, name)) for name in _OPTIONS}
@@ -211,3 +164,50 @@ class TokenSampler(ActionSampler):
         size = jnp.sum(support >= 0, axis=-1).astype(kept.dtype)
         size = jnp.where(support[..., 0] == FULL, self.vocab_size, size)  # drawn untruncated
         return jax.lax.stop_gradient({"support_size": size, "kept_mass": kept})
+
+
+def _named_inputs(inputs: TokenInputs, vocab_size: int) -> dict:
+    """A :class:`TokenSampler`'s ``inputs`` as a dict of arrays and options by name,
+    checked against its ``vocab_size``."""
+    if isinstance(inputs, dict):
+        unknown = set(inputs) - set(_ARRAYS) - set(_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"TokenSampler's inputs dict takes {_ARRAYS + _OPTIONS}, got "
+                f"{sorted(unknown)}; pass the arrays and per-row options by these names."
+            )
+        named = dict(inputs)
+    elif isinstance(inputs, (tuple, list)) and len(inputs) in (2, 3):
+        named: dict[str, Any] = dict(zip(("hidden", "unembedding", "bias"), inputs, strict=False))
+    elif not isinstance(inputs, (tuple, list)) and np.ndim(inputs) >= 1:
+        named = {"logits": inputs}
+    else:
+        sequence = isinstance(inputs, (tuple, list))
+        got = type(inputs).__name__ + (f" of length {len(inputs)}" if sequence else "")
+        raise TypeError(
+            f"TokenSampler takes inputs=(hidden [*batch, D], unembedding [D, V]) or "
+            f"(hidden, unembedding, bias [V]), logits [*batch, V], or a dict of them by "
+            f"name, got {got}; pass the language model's hidden states with its "
+            f"unembedding (for tied embeddings, embedding= its table), or its logits."
+        )
+    if ("logits" in named) == ("hidden" in named):
+        raise TypeError(
+            f"TokenSampler's inputs hold the hidden states (with their weights) or the "
+            f"logits, one of them, got {sorted(named)}; pass one."
+        )
+    layouts = {
+        "unembedding": (1, "[D, V]"),
+        "embedding": (0, "[V, D]"),
+        "logits": (-1, "[*batch, V]"),
+    }
+    for name, (axis, layout) in layouts.items():
+        if name not in named:
+            continue
+        shape = tuple(np.shape(named[name]))
+        if len(shape) < 2 - (axis == -1) or shape[axis] != vocab_size:
+            raise ValueError(
+                f"TokenSampler was built with vocab_size={vocab_size}, so the {name} "
+                f"must be {layout} with V = {vocab_size}, got {shape}; pass the "
+                f"model's weights, or build the head with its vocab_size."
+            )
+    return named
