@@ -57,8 +57,7 @@ class SquashedNormalSampler(PreImageSampler):
             nodes), deterministic but biased low for wide stds (for tanh at 8 nodes:
             under 4e-3 nats up to std 1.3, up to 0.21 nats at std 4); ``"exact"``:
             ``dist.entropy()`` (tanh, ``BoundedTanh`` and sigmoid), deterministic and
-            differentiable (its cost beside the others': the speed guide);
-            ``"base"``:
+            differentiable (its cost beside the others': the speed guide); ``"base"``:
             the Normal's entropy alone, biased upwards for tanh. Only ``"sample"``
             draws a key: with another, a replay or an ``eval()`` call draws none.
         reparameterized: If True, the action keeps its pathwise gradient: a fresh
