@@ -69,18 +69,8 @@ class _Composite(ActionSampler):
         heads = self._heads()
         self._sizes = tuple(part_size(what, p, h) for p, h in zip(paths_, heads, strict=True))
         _refuse_shared(what, self._leaves())
-        flags = {p: bool(h.per_env_streams) for p, h in zip(paths_, heads, strict=True)}
-        if len(set(flags.values())) > 1:
-            on = [path_name(p) for p, flag in flags.items() if flag]
-            off = [path_name(p) for p, flag in flags.items() if not flag]
-            raise ValueError(
-                f"{what} needs every part built with the same per_env_streams, got True for "
-                f"{on} and False for {off}: the parts with a shared stream would draw "
-                f"differently when the batch is split; build every part with "
-                f"per_env_streams=True (or every part without)."
-            )
+        per_env_streams = _per_env_streams(what, paths_, heads)
         # Each part weighs its own entropy: the composite's weight is 0.
-        per_env_streams = next(iter(flags.values()))
         super().__init__(rngs, 0.0, per_env_streams=per_env_streams, rng_collection=rng_collection)
 
     def _leaves(self) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -463,6 +453,21 @@ def _check_batch_shape(path, head, what: str, value, batch_shape) -> None:
             f"{jnp.shape(value)} for inputs of batch shape {tuple(batch_shape)}; a head gives "
             f"one value per batch element, summed over its action's own axes."
         )
+
+
+def _per_env_streams(what: str, paths_: list, heads: list) -> bool:
+    """The parts' ``per_env_streams``, refused unless every part has the same."""
+    flags = {p: bool(h.per_env_streams) for p, h in zip(paths_, heads, strict=True)}
+    if len(set(flags.values())) > 1:
+        on = [path_name(p) for p, flag in flags.items() if flag]
+        off = [path_name(p) for p, flag in flags.items() if not flag]
+        raise ValueError(
+            f"{what} needs every part built with the same per_env_streams, got True for "
+            f"{on} and False for {off}: the parts with a shared stream would draw "
+            f"differently when the batch is split; build every part with "
+            f"per_env_streams=True (or every part without)."
+        )
+    return next(iter(flags.values()))
 
 
 def _refuse_shared(what: str, leaves_: Iterator[tuple[tuple[str, ...], Any]]) -> None:
