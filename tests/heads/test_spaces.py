@@ -335,16 +335,20 @@ def test_dict_and_tuple_spaces_get_composites_whose_actions_the_space_contains(
     again = jitted_call(head, (), _numpy_params(head), out.rollout_extras)
     np.testing.assert_array_equal(again.output["log_likelihood"], out.output["log_likelihood"])
     if not options:  # the exact entropies, summed: finite, and the parts' sum
-        total = sum(
+        costs = [
             np.asarray(part((), params).regularization_loss)
             for part, params in zip(
                 parts.values(),
                 np.split(_numpy_params(head), np.cumsum(list(leaves.values()))[:-1], -1),
                 strict=True,
             )
-        )
+        ]
         assert np.all(np.isfinite(out.regularization_loss))
-        np.testing.assert_allclose(out.regularization_loss, total, rtol=1e-6)
+        # Within float32 rounding of the terms summed (the sum may cancel).
+        magnitude = sum(np.abs(cost) for cost in costs)
+        np.testing.assert_array_less(
+            np.abs(out.regularization_loss - sum(costs)), 1e-6 * magnitude + 1e-30
+        )
 
 
 def test_a_dict_space_s_parts_are_sliced_in_its_own_order():
