@@ -23,10 +23,12 @@ truncated sample chooses among (:func:`candidates`) are the exact top ``k``
 (:func:`top_k`); their values decide the support only, which is stored, so they need
 no fixed rounding.
 
-On a TPU the same code holds what it can without a measurement here: the gathers read
-the table's contiguous rows, the products of the fixed tiles run on the MXU, and the
-exact arithmetic runs on the vector units; whether XLA's TPU products give a row the
-same bits in tiles of other rows is what the accelerator tier's patterns check.
+On a TPU a support's logits from a table's rows are products on the MXU (``einsum`` of
+the hidden states with their gathered rows, :func:`_on_mxu`), whose sums gave a row
+the same bits in tiles of other rows and sizes in every pattern of the accelerator
+tier, and the table's gradient is summed
+by vocabulary block on the MXU (:func:`_block_row_sums`), as a TPU's scatters of rows
+are slow; the log-softmax keeps the exact ``exp`` and ``log``.
 """
 
 import functools
@@ -51,6 +53,8 @@ DEFAULT_DENSE_TILE = (256, 8192)
 SUPPORT_BYTES = {"cpu": 8 << 20}
 DEFAULT_SUPPORT_BYTES = 128 << 20
 CANDIDATE_BYTES = {"cpu": 64 << 20}
+# A TPU's table gradient on a support (_block_row_sums): ids per block, terms per product.
+SUM_BLOCK = SUM_CHUNK = 512
 DEFAULT_CANDIDATE_BYTES = 1 << 30
 
 # ---------------------------------------------------------------------------------
@@ -256,14 +260,24 @@ class Source(NamedTuple):
             raw = jnp.where(allowed, raw, -jnp.inf)
         return raw
 
-    def gathered(self, ids: Array, allowed: Array) -> Array:
+    def gathered(self, ids: Array, allowed: Array, mxu: bool = False) -> Array:
         """The raw logits of ``ids [R, K]`` in the exact arithmetic, ``-inf`` where not
         ``allowed``: each the sum of ``hidden * row`` in a fixed tree, the table's rows
-        gathered (contiguous, unlike the unembedding's columns)."""
+        gathered (contiguous, unlike the unembedding's columns); with ``mxu``, a product
+        with the table's rows (see :func:`_on_mxu`)."""
         dtype = self.dtype
         safe = jnp.clip(ids, 0, self.vocab - 1)
         if self.logits is not None:
             raw = jnp.take_along_axis(self.logits, safe, -1).astype(dtype)
+        elif mxu:
+            rows = jnp.take(self.table, safe, axis=0)  # [R, K, D]
+            raw = jnp.einsum(
+                "rd,rkd->rk",
+                self.hidden,
+                rows,
+                precision=lax.Precision.HIGHEST,
+                preferred_element_type=dtype,
+            ).astype(dtype)
         else:
             hidden = self.hidden.astype(dtype)
             if self.table is not None:
@@ -362,15 +376,26 @@ def _gathering(source: Source, count: int) -> Source:
     return source if few else source.as_table()
 
 
+def _on_mxu(source: Source) -> bool:
+    """Whether a support's logits are products on the MXU: on a TPU, given a table's
+    rows. There a row's sums had the same bits in tiles of any rows and sizes in the
+    accelerator tier's patterns; an unembedding's are summed in the exact tree, as a
+    decoding step gathers its columns and a training batch its transpose's rows, and
+    the MXU's bits are not measured to agree between those two layouts."""
+    return _backend() == "tpu" and source.table is not None and source.logits is None
+
+
 def _support_map(source: Source, ids: Array, allowed: Array, fn) -> Array:
-    """``fn(tile source, ids, allowed)`` over tiles of rows within the byte budget."""
+    """``fn(tile source, ids, allowed, mxu)`` over tiles of rows within the byte
+    budget (``mxu``: :func:`_on_mxu`)."""
     depth = 1 if source.hidden is None else source.hidden.shape[-1]
     rows = support_rows(source.rows, ids.shape[-1], depth)
+    mxu = _on_mxu(source)
     source = _gathering(source, ids.size)
 
     def one(tile):
         *parts, tile_ids, tile_allowed = tile
-        return fn(source.with_rows(*parts), tile_ids, tile_allowed)
+        return fn(source.with_rows(*parts), tile_ids, tile_allowed, mxu)
 
     tiles = (*source.tiles(rows), _pad_rows(ids, rows, PAD), _pad_rows(allowed, rows, False))
     return _map_tiles(source.rows, one, tiles)
@@ -378,8 +403,8 @@ def _support_map(source: Source, ids: Array, allowed: Array, fn) -> Array:
 
 @jax.jit
 def _support_forward(source: Source, ids: Array, allowed: Array) -> Array:
-    def one(tile, tile_ids, tile_allowed):
-        return log_softmax(tile.gathered(tile_ids, tile_allowed), tile.scale)
+    def one(tile, tile_ids, tile_allowed, mxu):
+        return log_softmax(tile.gathered(tile_ids, tile_allowed, mxu), tile.scale)
 
     return _support_map(source, ids, allowed, one)
 
@@ -388,8 +413,8 @@ def _support_forward(source: Source, ids: Array, allowed: Array) -> Array:
 def gathered_logits(source: Source, ids: Array, allowed: Array) -> Array:
     """``[N, K]`` tempered logits of ``ids`` (``-inf`` where not ``allowed``)."""
 
-    def one(tile, tile_ids, tile_allowed):
-        return tile.gathered(tile_ids, tile_allowed) * tile.scale[:, None]
+    def one(tile, tile_ids, tile_allowed, mxu):
+        return tile.gathered(tile_ids, tile_allowed, mxu) * tile.scale[:, None]
 
     return _support_map(source, ids, allowed, one)
 
@@ -429,15 +454,16 @@ def _gathered_vjp(source: Source, ids: Array, d_raw: Array) -> tuple[Array, Arra
     """The gradients of gathered logits: ``d_hidden[r] = sum_k d[r, k] table[ids[r, k]]``
     tile by tile; table row ``ids[r, k]`` gets ``d[r, k] hidden[r]``, summed in the
     computing dtype (float32): in one buffer of the table's size for a float32 table,
-    by :func:`_sorted_row_sums` for a narrower one. Returns the hidden states' and the
-    table's ``[V, D]`` gradients."""
+    by :func:`_sorted_row_sums` for a narrower one, and by :func:`_block_row_sums` on
+    a TPU. Returns the hidden states' and the table's ``[V, D]`` gradients."""
     dtype = source.dtype
     hidden, weights = source.hidden, source.weights
     depth = hidden.shape[-1]
     rows = support_rows(source.rows, ids.shape[-1], depth)
     tiles = (_pad_rows(hidden, rows, 0), _pad_rows(ids, rows, 0), _pad_rows(d_raw, rows, 0))
     gathering = _gathering(source, ids.size)
-    wide = jnp.dtype(weights.dtype).itemsize >= jnp.dtype(dtype).itemsize
+    tpu = _backend() == "tpu"
+    wide = not tpu and jnp.dtype(weights.dtype).itemsize >= jnp.dtype(dtype).itemsize
 
     def step(d_table, tile):
         h, tile_ids, d = tile
@@ -456,7 +482,8 @@ def _gathered_vjp(source: Source, ids: Array, d_raw: Array) -> tuple[Array, Arra
     d_table, d_hidden = lax.scan(step, init, tiles)
     d_hidden = d_hidden.reshape(-1, depth)[: source.rows]
     if not wide:
-        d_table = _sorted_row_sums(ids, d_raw, hidden, source.vocab, weights.dtype)
+        row_sums = _block_row_sums if tpu else _sorted_row_sums
+        d_table = row_sums(ids, d_raw, hidden, source.vocab, weights.dtype)
     return d_hidden.astype(hidden.dtype), d_table.astype(weights.dtype)
 
 
@@ -507,6 +534,61 @@ def _sorted_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int,
     init = (jnp.zeros((vocab, depth), out_dtype), jnp.int32(vocab), jnp.zeros(depth, jnp.float32))
     (out, carried_id, carried), _ = lax.scan(step, init, windows)
     return out.at[carried_id].add(carried.astype(out_dtype), mode="drop")
+
+
+def _block_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int, out_dtype):
+    """:func:`_sorted_row_sums`'s ``[V, D]`` on the MXU, without a scatter (a TPU's
+    scatters of rows are slow).
+
+    The ``(r, k)`` are sorted by id; each block of :data:`SUM_BLOCK` ids takes its terms
+    (a range of the sorted ones) :data:`SUM_CHUNK` at a time, as one product of the
+    ``[chunk, block]`` matrix that holds each term's coefficient in its id's column with
+    the chunk's rows of ``hidden``, accumulated in float32, and is rounded to
+    ``out_dtype`` once. A narrower ``hidden``'s coefficients are split in two parts of
+    its dtype (two products); a float32 one's are multiplied at full precision. A row
+    is within its rounding plus ``2^-20`` of its terms' absolute sum of the exact value.
+    """
+    depth = hidden.shape[-1]
+    key = ids.reshape(-1)
+    order = jnp.argsort(key)
+    sorted_ids = jnp.pad(key[order], (0, SUM_CHUNK), constant_values=vocab)  # never matched
+    row_of = jnp.pad(order // ids.shape[-1], (0, SUM_CHUNK))
+    dtype = jnp.promote_types(hidden.dtype, jnp.float32)
+    weight = jnp.pad(coefficients.reshape(-1)[order].astype(dtype), (0, SUM_CHUNK))
+    split = jnp.dtype(hidden.dtype).itemsize < 4
+
+    def block(out, start, width):
+        columns = start + jnp.arange(width, dtype=sorted_ids.dtype)
+        first = jnp.searchsorted(sorted_ids, start)
+        end = jnp.searchsorted(sorted_ids, start + width)
+
+        def chunk(state):
+            at, total = state
+            chunk_ids, rows, w = (
+                lax.dynamic_slice_in_dim(a, at, SUM_CHUNK) for a in (sorted_ids, row_of, weight)
+            )
+            # Terms past the block have ids past its columns: they place nothing.
+            placed = jnp.where(chunk_ids[:, None] == columns[None], w[:, None], 0.0)
+            parts = [placed]
+            if split:
+                high = placed.astype(hidden.dtype)
+                parts = [high, (placed - high.astype(dtype)).astype(hidden.dtype)]
+            h = jnp.take(hidden, rows, axis=0)
+            for part in parts:
+                total = total + lax.dot_general(
+                    part,
+                    h,
+                    (((0,), (0,)), ((), ())),
+                    precision=lax.Precision.HIGHEST,
+                    preferred_element_type=dtype,
+                )
+            return at + SUM_CHUNK, total
+
+        init = (first, jnp.zeros((width, depth), dtype))
+        _, total = lax.while_loop(lambda state: state[0] < end, chunk, init)
+        return lax.dynamic_update_slice_in_dim(out, total.astype(out_dtype), start, 0)
+
+    return _fold_blocks(vocab, min(SUM_BLOCK, vocab), block, jnp.zeros((vocab, depth), out_dtype))
 
 
 support_log_probs.defvjp(_support_fwd, _support_bwd)

@@ -149,3 +149,42 @@ def test_a_bfloat16_tables_gradient_is_summed_in_float32_and_rounded_once(rows):
     assert np.mean(got == rounded) >= 0.999
     np.testing.assert_array_less(np.abs(got - exact), 2.0**-7 * np.abs(exact) + 1e-30)
     assert np.count_nonzero(exact) > 1000
+
+
+def _row_sums_inputs(dtype):
+    """Ids ``[300, 8]`` over a vocabulary of 1300 (two blocks of 512 and a remainder):
+    padding, both ends, one id in 700 terms (past a chunk of 512) and coefficients
+    of mixed signs and sizes."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1300, size=(300, 8))
+    ids[:, 0] = 511  # 300 terms of one id, and 400 more of another across a block's edge
+    ids[:200, 1], ids[200:, 1] = 512, 1299
+    ids[:200, 2] = 0
+    ids[::7, 3] = 0  # clipped padding, with a coefficient of 0
+    coefficients = rng.normal(size=ids.shape) * np.exp(rng.uniform(-8, 8, size=ids.shape))
+    coefficients[::7, 3] = 0.0
+    hidden = rng.normal(size=(300, 16))
+    hidden = np.asarray(jnp.asarray(hidden, dtype).astype(jnp.float32), np.float64)
+    return ids, coefficients.astype(np.float32), hidden
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("sums", ["_sorted_row_sums", "_block_row_sums"])
+def test_a_supports_table_gradient_against_float64(sums, dtype):
+    # Each row's terms summed in float32 and rounded to the table's dtype once: the
+    # scatter of sorted windows (the CPU's) and the MXU's products by vocabulary block
+    # (a TPU's), run here on the CPU.
+    ids, coefficients, hidden = _row_sums_inputs(dtype)
+    terms = coefficients.astype(np.float64)[:, :, None] * hidden[:, None, :]
+    exact, size = np.zeros((1300, 16)), np.zeros((1300, 16))
+    np.add.at(exact, ids.reshape(-1), terms.reshape(-1, 16))
+    np.add.at(size, ids.reshape(-1), np.abs(terms).reshape(-1, 16))
+    fn = jax.jit(getattr(math, sums), static_argnums=(3, 4))
+    got = fn(jnp.asarray(ids), jnp.asarray(coefficients), jnp.asarray(hidden, dtype), 1300, dtype)
+    assert got.dtype == dtype
+    got = np.asarray(got.astype(jnp.float32), np.float64)
+    ulp = 2.0**-8 if dtype == jnp.bfloat16 else 2.0**-24
+    np.testing.assert_array_less(np.abs(got - exact), ulp * np.abs(exact) + 2.0**-20 * size + 1e-37)
+    rounded = np.asarray(jnp.asarray(exact, jnp.float32).astype(dtype).astype(jnp.float32))
+    assert np.mean(got == rounded) >= (0.99 if dtype == jnp.bfloat16 else 0.5)
+    assert np.all(got[size == 0] == 0) and np.count_nonzero(size) > 1000

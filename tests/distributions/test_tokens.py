@@ -18,6 +18,7 @@ from scipy import special
 
 import samplers
 from samplers import TokenCategorical, support_from_kept_ids
+from samplers.distributions import _token_math as token_math
 from samplers.distributions.tokens import FULL
 from tests._devices import REPO_ROOT, cpu_devices_environment
 from tests._tiers import slow
@@ -245,8 +246,26 @@ MASKED = np.ones(V, bool)
 MASKED[[0, 9, 20, 36]] = False  # a first, middle and last token forbidden
 
 
-@pytest.mark.parametrize("kind", [pytest.param("full", id="full"), slow("support", id="support")])
-def test_gradients_match_the_dense_float64_log_softmax(kind):
+@pytest.fixture
+def simulated_tpu(monkeypatch):
+    """The TPU's code paths (the support's scores and table gradient on the MXU) run on
+    the CPU; the compiled programs of the other paths are cleared before and after."""
+    jax.clear_caches()
+    monkeypatch.setattr(token_math, "_backend", lambda: "tpu")
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param("full", id="full"), slow("support", id="support"), "support-tpu"]
+)
+def test_gradients_match_the_dense_float64_log_softmax(kind, request):
+    # On the simulated TPU the weights come as an embedding table, whose support
+    # logits are products on the MXU there.
+    tpu = kind == "support-tpu"
+    if tpu:
+        request.getfixturevalue("simulated_tpu")
+        kind = "support"
     hidden, unembedding, bias = _problem(seed=2)
     tokens = jnp.asarray(np.array([1, 2, 3, 4, 5, 6, 7, 8, 10, 35]))
     temperature = 0.8
@@ -266,7 +285,9 @@ def test_gradients_match_the_dense_float64_log_softmax(kind):
             tokens = support[:, 0]
 
         def library(h, w, b):
-            dist = TokenCategorical(h, w, b, temperature=temperature, mask=mask, block=BLOCK)
+            weights = dict(embedding=w.T) if tpu else dict(unembedding=w)
+            options = dict(temperature=temperature, mask=mask, block=BLOCK)
+            dist = TokenCategorical(h, bias=b, **weights, **options)
             if kind == "full":
                 return (dist.full_log_prob(tokens) + 0.5 * dist.full_entropy()).sum()
             return (
