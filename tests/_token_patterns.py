@@ -21,6 +21,9 @@ OPTIONS = {
     "top_p": dict(top_p=0.9, max_kept=64),
     "top_k+min_p": dict(top_k=20, min_p=0.02, temperature=0.8, max_kept=32),
     "untruncated": dict(top_p=1.0, temperature=1.3),
+    # The weights as an unembedding [D, V]: a decoding step gathers its columns, the
+    # replay of a whole batch its transpose's rows.
+    "top_p, unembedding": dict(top_p=0.9, max_kept=64, unembedding=True),
 }
 
 
@@ -56,7 +59,11 @@ def _hidden(table, context, previous):
 
 
 def _dist(table, hidden, block, options):
-    return TokenCategorical(hidden, embedding=table, block=block, **options)
+    options = dict(options)
+    weights = (
+        dict(unembedding=table.T) if options.pop("unembedding", False) else {"embedding": table}
+    )
+    return TokenCategorical(hidden, **weights, block=block, **options)
 
 
 def _rollout(table, context, key, steps, block, options):

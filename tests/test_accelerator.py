@@ -1254,6 +1254,8 @@ TOKEN_PATTERNS = [
     (7, "top_k+min_p", False, None, "float32"),
     (32, "top_p", True, None, "bfloat16"),
     (32, "untruncated", True, None, "bfloat16"),
+    (32, "top_p, unembedding", True, None, "float32"),
+    (32, "top_p, unembedding", True, None, "bfloat16"),
 ]
 
 

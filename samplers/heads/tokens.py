@@ -49,11 +49,12 @@ class TokenSampler(ActionSampler):
     stored support when truncated), so a replay and an ``eval()`` call draw no key.
 
     ``metrics``, without gradient: ``support_size``, the number of kept ids per
-    token (``V`` without truncation), and ``kept_mass``, the probability that the
-    untruncated distribution (temperature and mask applied) puts on the support (1
-    without truncation; 0 where the support holds no allowed token). ``kept_mass``
-    costs one more streamed pass over the vocabulary, which ``jax.jit`` drops when
-    the metric is unused.
+    token (``V`` without truncation), and with ``kept_mass_metric=True``
+    ``kept_mass``, the probability that the untruncated distribution (temperature
+    and mask applied) puts on the support (1 without truncation; 0 where the support
+    holds no allowed token). ``kept_mass`` costs one more streamed pass over the
+    whole vocabulary in every call, which a loss scored on the support alone does
+    not otherwise make, so it is off unless asked for.
 
     Args:
         rngs: The ``nnx.Rngs`` to draw from (positional or ``rngs=``), or one
@@ -68,6 +69,7 @@ class TokenSampler(ActionSampler):
         log_ratio_metrics: If True, the rollout emits ``{"replay_data",
             "log_likelihood"}`` and a replay reports ``log_ratio`` and ``approx_kl``
             (see :class:`samplers.ActionSampler`).
+        kept_mass_metric: If True, ``metrics`` has ``kept_mass`` (see above).
         rng_collection: The stream keys are drawn from, falling back to ``default``.
 
     Raises:
@@ -103,6 +105,7 @@ class TokenSampler(ActionSampler):
         block: tuple[int, int] | None = None,
         per_env_streams: bool = False,
         log_ratio_metrics: bool = False,
+        kept_mass_metric: bool = False,
         rng_collection: str = "action",
     ):
         super().__init__(
@@ -115,6 +118,7 @@ class TokenSampler(ActionSampler):
         self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.max_kept = max_kept
+        self.kept_mass_metric = bool(kept_mass_metric)
         self.block = None if block is None else cast(tuple[int, int], tuple(block))
         # The distribution checks its options: a bad one raises here, not at the first call.
         self._make({"logits": np.zeros((1, 1), np.float32)}, None)
@@ -157,13 +161,16 @@ class TokenSampler(ActionSampler):
     def _metrics(self, inputs, dist: TokenCategorical, scored: Scored) -> dict:
         dtype = scored.log_likelihood.dtype
         if not dist.truncated:
-            size = jnp.full(dist.batch_shape, self.vocab_size, dtype)
-            return {"support_size": size, "kept_mass": jnp.ones(dist.batch_shape, dtype)}
+            metrics = {"support_size": jnp.full(dist.batch_shape, self.vocab_size, dtype)}
+            if self.kept_mass_metric:
+                metrics["kept_mass"] = jnp.ones(dist.batch_shape, dtype)
+            return metrics
         support = scored.data["support"]
-        kept = dist.support_mass(support)
-        size = jnp.sum(support >= 0, axis=-1).astype(kept.dtype)
-        size = jnp.where(support[..., 0] == FULL, self.vocab_size, size)  # drawn untruncated
-        return jax.lax.stop_gradient({"support_size": size, "kept_mass": kept})
+        size = jnp.sum(support >= 0, axis=-1).astype(dtype)
+        metrics = {"support_size": jnp.where(support[..., 0] == FULL, self.vocab_size, size)}
+        if self.kept_mass_metric:
+            metrics["kept_mass"] = dist.support_mass(support)
+        return jax.lax.stop_gradient(metrics)
 
 
 def _named_inputs(inputs: TokenInputs, vocab_size: int) -> dict:

@@ -27,6 +27,8 @@ CASES = [
     slow(7, "untruncated", False, None, None, id="7-untruncated-eager"),
     slow(48, "untruncated", True, None, None, id="48-untruncated-jit"),
     slow(256, "untruncated", True, None, None, id="256-untruncated-jit"),
+    slow(32, "top_p, unembedding", True, None, None, id="32-top_p-unembedding-jit"),
+    slow(7, "top_p, unembedding", False, None, None, id="7-top_p-unembedding-eager"),
 ]
 
 

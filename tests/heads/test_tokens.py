@@ -248,7 +248,7 @@ def test_the_metrics_against_float64(truncation):
     options = TRUNCATIONS[truncation]
     inputs, mask = _hidden_and_unembedding(seed=7), _mask(seed=7)
     call = _jax_jit_call if truncation == "top_k+min_p" else jitted_call  # the programs above
-    head = _token_head(**options, per_env_streams=call is _jax_jit_call)
+    head = _token_head(**options, per_env_streams=call is _jax_jit_call, kept_mass_metric=True)
     out = call(head, head.initialize_state(N) if head.per_env_streams else (), inputs, mask=mask)
     size, kept_mass = np.asarray(out.metrics["support_size"]), out.metrics["kept_mass"]
     if not options:
@@ -262,6 +262,25 @@ def test_the_metrics_against_float64(truncation):
     expected = np.exp(special.logsumexp(np.where(support >= 0, kept, -np.inf), axis=-1))
     np.testing.assert_allclose(kept_mass, expected, rtol=1e-5)
     assert np.all(expected < 1) and np.all(size <= K)
+
+
+@pytest.mark.parametrize("kept_mass_metric", [False, True])
+def test_a_loss_pass_streams_the_vocabulary_only_for_the_kept_mass(kept_mass_metric):
+    # A truncated loss pass scores the stored support alone; its metrics returned as
+    # they are, the whole vocabulary's matrix products appear only for kept_mass.
+    head = _token_head(top_p=0.8, kept_mass_metric=kept_mass_metric)
+    inputs = _hidden_and_unembedding(seed=8)
+    extras = head((), inputs).rollout_extras
+    graph, state = nnx.split(head)
+
+    def loss(state, inputs):
+        out = nnx.merge(graph, state)((), inputs, extras)
+        return jnp.sum(out.output["log_likelihood"]), out.metrics
+
+    jaxpr = str(jax.make_jaxpr(jax.value_and_grad(loss, argnums=1, has_aux=True))(state, inputs))
+    metrics = jax.eval_shape(loss, state, inputs)[1]
+    assert set(metrics) == ({"support_size", "kept_mass"} if kept_mass_metric else {"support_size"})
+    assert ("dot_general" in jaxpr) == kept_mass_metric
 
 
 def test_the_network_output_must_be_hidden_states_and_an_unembedding():
