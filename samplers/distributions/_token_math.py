@@ -26,9 +26,9 @@ no fixed rounding.
 On a TPU a support's logits from a table's rows are products on the MXU (``einsum`` of
 the hidden states with their gathered rows, :func:`_on_mxu`), whose sums gave a row
 the same bits in tiles of other rows and sizes in every pattern of the accelerator
-tier, and the table's gradient is summed
-by vocabulary block on the MXU (:func:`_block_row_sums`), as a TPU's scatters of rows
-are slow; the log-softmax keeps the exact ``exp`` and ``log``.
+tier, and the table's gradient is summed by vocabulary block on the MXU
+(:func:`_block_row_sums`), as a TPU's scatters of rows are slow; the log-softmax keeps
+the exact ``exp`` and ``log``.
 """
 
 import functools
@@ -53,9 +53,9 @@ DEFAULT_DENSE_TILE = (256, 8192)
 SUPPORT_BYTES = {"cpu": 8 << 20}
 DEFAULT_SUPPORT_BYTES = 128 << 20
 CANDIDATE_BYTES = {"cpu": 64 << 20}
+DEFAULT_CANDIDATE_BYTES = 1 << 30
 # A TPU's table gradient on a support (_block_row_sums): ids per block, terms per product.
 SUM_BLOCK = SUM_CHUNK = 512
-DEFAULT_CANDIDATE_BYTES = 1 << 30
 
 # ---------------------------------------------------------------------------------
 # Exact arithmetic: results fixed by the operands, whatever the shape or the kernel.
