@@ -264,7 +264,9 @@ def test_the_metrics_against_float64(truncation):
     assert np.all(expected < 1) and np.all(size <= K)
 
 
-@pytest.mark.parametrize("kept_mass_metric", [False, True])
+@pytest.mark.parametrize(
+    "kept_mass_metric", [pytest.param(False, id="False"), slow(True, id="True")]
+)
 def test_a_loss_pass_streams_the_vocabulary_only_for_the_kept_mass(kept_mass_metric):
     # A truncated loss pass scores the stored support alone; its metrics returned as
     # they are, the whole vocabulary's matrix products appear only for kept_mass.
