@@ -626,7 +626,8 @@ def _per_token_values(hidden, unembedding, bias, tokens, keys, every=True):
     [
         slow(False, True, id="eager"),
         slow(True, True, id="jit"),
-        pytest.param(True, False, id="jit-values"),
+        # The default tier's decode-loop pattern (test_tokens_replay.py) checks the same.
+        slow(True, False, id="jit-values"),
     ],
 )
 def test_a_tokens_values_do_not_depend_on_its_batch(jit, every):
