@@ -382,7 +382,7 @@ def _on_mxu(source: Source) -> bool:
     accelerator tier's patterns; an unembedding's are summed in the exact tree, as a
     decoding step gathers its columns and a training batch its transpose's rows, and
     the MXU's bits are not measured to agree between those two layouts."""
-    return _backend() == "tpu" and source.table is not None and source.logits is None
+    return _backend() == "tpu" and source.table is not None
 
 
 def _support_map(source: Source, ids: Array, allowed: Array, fn) -> Array:
@@ -500,13 +500,8 @@ def _sorted_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int,
     count, depth = ids.size, hidden.shape[-1]
     budget = SUPPORT_BYTES.get(_backend(), DEFAULT_SUPPORT_BYTES)
     width = int(min(count, max(256, budget // (16 * depth))))
-    key = ids.reshape(-1)
-    order = jnp.argsort(key, stable=True)
-    pad = -count % width
-    sorted_ids = jnp.pad(key[order], (0, pad), constant_values=vocab)
-    row_of = jnp.pad(order // ids.shape[-1], (0, pad))
-    weight = jnp.pad(coefficients.reshape(-1)[order], (0, pad))
-    windows = tuple(x.reshape(-1, width) for x in (sorted_ids, row_of, weight))
+    sorted_terms = _sorted_terms(ids, coefficients, vocab, -count % width)
+    windows = tuple(x.reshape(-1, width) for x in sorted_terms)
     beyond = vocab + jnp.arange(width)  # distinct ids outside the table: dropped
 
     def step(carry, window):
@@ -536,6 +531,18 @@ def _sorted_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int,
     return out.at[carried_id].add(carried.astype(out_dtype), mode="drop")
 
 
+def _sorted_terms(ids: Array, coefficients: Array, vocab: int, pad: int):
+    """The terms ``(r, k)`` sorted by id (stably), as ``(ids, rows r, coefficients)``
+    ``[N K + pad]`` each, padded with id ``vocab``, row 0 and coefficient 0."""
+    key = ids.reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    return (
+        jnp.pad(key[order], (0, pad), constant_values=vocab),
+        jnp.pad(order // ids.shape[-1], (0, pad)),
+        jnp.pad(coefficients.reshape(-1)[order], (0, pad)),
+    )
+
+
 def _block_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int, out_dtype):
     """:func:`_sorted_row_sums`'s ``[V, D]`` on the MXU, without a scatter (a TPU's
     scatters of rows are slow).
@@ -549,12 +556,10 @@ def _block_row_sums(ids: Array, coefficients: Array, hidden: Array, vocab: int, 
     is within its rounding plus ``2^-20`` of its terms' absolute sum of the exact value.
     """
     depth = hidden.shape[-1]
-    key = ids.reshape(-1)
-    order = jnp.argsort(key)
-    sorted_ids = jnp.pad(key[order], (0, SUM_CHUNK), constant_values=vocab)  # never matched
-    row_of = jnp.pad(order // ids.shape[-1], (0, SUM_CHUNK))
+    # Padded with a chunk of ids past the vocabulary, which match no block's columns.
+    sorted_ids, row_of, weight = _sorted_terms(ids, coefficients, vocab, SUM_CHUNK)
     dtype = jnp.promote_types(hidden.dtype, jnp.float32)
-    weight = jnp.pad(coefficients.reshape(-1)[order].astype(dtype), (0, SUM_CHUNK))
+    weight = weight.astype(dtype)
     split = jnp.dtype(hidden.dtype).itemsize < 4
 
     def block(out, start, width):
