@@ -394,7 +394,10 @@ class SquashedNormal(PreImageReplay):
         its error is bounded, stated and tested on the guarantees page. Its value and
         gradient cost an ``rsqrt``, an ``exp`` and an ``erf`` per term and dimension:
         1.8 times the one-sample :meth:`entropy_estimate` on 2 CPU cores at
-        ``B = 65536``, ``A = 8``. For the squashings (a bijector with a
+        ``B = 65536``, ``A = 8``. A float32 program compiled for an accelerator takes
+        one such term and five Gaussian bumps (an ``rsqrt`` and an ``exp`` each)
+        instead: 0.87 times the one-sample estimate on a TPU v5e at ``B = 2**20``,
+        ``A = 8``. For the squashings (a bijector with a
         :class:`samplers.Squashing`); for a constant log-determinant (e.g. the
         identity), ``distrax.Transformed.entropy``.
 

@@ -679,6 +679,9 @@ def test_from_std_refuses_a_negative_min_std():
 
 # entropy(): exact, deterministic and differentiable.
 
+# The float32 bumps rule's max|e| and max|e'| (samplers/distributions/_squashed.py).
+BUMPS_BOUND = 2.5e-6
+
 ENTROPY_CASES = [
     (0.7, 1.3),
     (-2.0, 0.3),
@@ -748,22 +751,30 @@ def test_entropy_of_a_large_batch_is_each_row_alone(shape):
 
 
 @pytest.mark.parametrize(
-    "dtype, bound, h", [("float32", 2e-7, 3e-5), pytest.param("float64", 1e-9, 1e-5, marks=SLOW)]
+    "dtype, platform, bound, h",
+    [
+        ("float32", "cpu", 2e-7, 3e-5),
+        ("float32", "accelerator", BUMPS_BOUND, 3e-5),
+        pytest.param("float64", "cpu", 1e-9, 1e-5, marks=SLOW),
+    ],
 )
-def test_entropy_mixture_is_within_its_bound_of_log_cosh_at_every_point(dtype, bound, h):
-    # The exact entropy takes E|T - L|, L logistic, as sum_j w_j E|N(m, s**2 + sigma_j**2)|
+def test_entropy_mixture_is_within_its_bound_of_log_cosh_at_every_point(dtype, platform, bound, h):
+    # The exact entropy takes E[log(2 cosh T)] as sum_j w_j E|N(m, s**2 + sigma_j**2)|
+    # plus, off the CPU in float32, sum_i c_i E[exp(-T**2 / (2 tau_i**2))]
     # (samplers/distributions/_squashed.py): its error at every (mean, std) is within
     # 2 max|e| (value) and 2 max|e'| (derivatives) over x, with
-    # e(x) = sum_j w_j E|x + sigma_j Z| - log(2 cosh x). In float64 (scipy) on a grid of
-    # step h up to x = 20 (beyond, both terms are under 1e-17), with what lies between
-    # the grid's points bounded by the next derivative: sup|e| <= max|e| + h/2 sup|e'|,
-    # sup|e'| <= max|e'| + h/2 sup|e''|, sup|e''| <= max|e''| + h/2 sup|e'''|, and
-    # |e'''| <= 2 sum_j w_j 0.242 / sigma_j**2 + 4 / (3 sqrt 3).
+    # e(x) = sum_j w_j E|x + sigma_j Z| + sum_i c_i exp(-x**2 / (2 tau_i**2)) - log(2 cosh x).
+    # In float64 (scipy) on a grid of step h up to x = 20 (beyond, every term is under
+    # 1e-17), with what lies between the grid's points bounded by the next derivative:
+    # sup|e| <= max|e| + h/2 sup|e'|, sup|e'| <= max|e'| + h/2 sup|e''|,
+    # sup|e''| <= max|e''| + h/2 sup|e'''|, and |e'''| <= 2 sum_j w_j 0.242 / sigma_j**2
+    # + sum_i |c_i| 1.382 / tau_i**3 + 4 / (3 sqrt 3).
     from scipy import special as scipy_special
 
     from samplers.distributions import _squashed
 
-    sigma, w = (np.array(column) for column in zip(*_squashed.mixture_rule(dtype), strict=True))
+    normals, bumps = _squashed.mixture_rule(dtype, platform)
+    sigma, w = (np.array(column) for column in zip(*normals, strict=True))
     assert np.all(w > 0) and abs(w.sum() - 1) < 1e-15
     x = np.arange(0.0, 20.0 + h, h)
     decay = np.exp(-2 * x)
@@ -776,10 +787,76 @@ def test_entropy_mixture_is_within_its_bound_of_log_cosh_at_every_point(dtype, b
         slope -= weight * scipy_special.erfc(u / np.sqrt(2))
         curvature += weight * 2 * gaussian / (s * np.sqrt(2 * np.pi))
     third = 2 * np.sum(w * 0.242 / sigma**2) + 4 / (3 * np.sqrt(3))
+    # A bump's third derivative in y = x / tau is (3 y - y**3) exp(-y**2 / 2), at most
+    # 1.382 in size (at y = 0.742).
+    y = np.linspace(0, 10, 100001)
+    assert np.max(np.abs(y**3 - 3 * y) * np.exp(-(y**2) / 2)) < 1.382
+    for tau, c in bumps:
+        y = x / tau
+        bump = c * np.exp(-(y**2) / 2)
+        e += bump
+        slope -= y / tau * bump
+        curvature += (y**2 - 1) / tau**2 * bump
+        third += abs(c) * 1.382 / tau**3
     sup_curvature = np.abs(curvature).max() + h / 2 * third
     sup_slope = np.abs(slope).max() + h / 2 * sup_curvature
     sup_e = np.abs(e).max() + h / 2 * sup_slope
     assert sup_e <= bound and sup_slope <= bound, (sup_e, sup_slope)
+
+
+def test_an_accelerator_program_takes_the_bumps_rule_and_a_cpu_program_the_normal_terms():
+    # The float32 entropy is compiled with six Normal terms (an exp and an erf each) for
+    # the CPU and with one Normal term and Gaussian bumps (an exp each) elsewhere; the
+    # float64 entropy with its mixture everywhere (whose erf has exps of its own).
+    from jax import export
+
+    from samplers.distributions import _squashed
+
+    def exponentials(dtype, platform):
+        x = np.ones((3, 2), dtype)
+        entropy = jax.jit(lambda m, s: samplers.SquashedNormal(m, s, samplers.Tanh()).entropy())
+        return (
+            export.export(entropy, platforms=[platform])(x, x)
+            .mlir_module()
+            .count("stablehlo.exponential ")
+        )
+
+    bumps = _squashed.mixture_rule(np.float32, "accelerator")[1]
+    assert len(bumps) > 0
+    assert exponentials(np.float32, "cpu") == len(_squashed.mixture_rule(np.float32, "cpu")[0])
+    assert exponentials(np.float32, "tpu") == 1 + len(bumps)
+    assert exponentials(np.float32, "cuda") == 1 + len(bumps)
+    with jax.enable_x64(True):
+        assert exponentials(np.float64, "tpu") == exponentials(np.float64, "cpu")
+
+
+@pytest.mark.parametrize("sign", [1.0, slow(-1.0, id="negative")])
+def test_the_bumps_rule_in_float32_is_the_float64_entropy_within_its_bound(sign):
+    # The accelerators' float32 rule, compiled here through the rule itself, against the
+    # float64 rule (within 1e-9 of log(2 cosh x)) on means and stds from 2**-19 to 1e20:
+    # the value of E[log sech(T)**2] within 2 BUMPS_BOUND, its derivatives with respect
+    # to the mean and the std within 2 BUMPS_BOUND and 2 sqrt(2 / pi) BUMPS_BOUND, each
+    # plus 8 float32 roundings of the terms' size.
+    from samplers.distributions import _squashed
+
+    values = np.array([0.0, 2.0**-19, 1e-3, 0.1, 0.5, 1.0, 2.5, 7.0, 30.0, 1e3, 1e7, 1e20])
+    m, s = (a.ravel() for a in np.meshgrid(sign * values, values[1:]))
+    rule = _squashed.mixture_rule(np.float32, "accelerator")
+    by_rule = jax.jit(functools.partial(_squashed.expected_log_sech_squared_by_rule, rule=rule))
+    got = [np.asarray(g, np.float64) for g in by_rule(m.astype(np.float32), s.astype(np.float32))]
+    with jax.enable_x64(True):
+        rule64 = _squashed.mixture_rule(np.float64)
+        want = [np.asarray(g) for g in _squashed.expected_log_sech_squared_by_rule(m, s, rule64)]
+    rounding = 8 * np.finfo(np.float32).eps
+    bounds = [
+        2 * BUMPS_BOUND + rounding * (1 + np.abs(m) + s),
+        np.full(m.shape, 2 * BUMPS_BOUND + rounding),
+        np.full(m.shape, 2 * np.sqrt(2 / np.pi) * BUMPS_BOUND + rounding),
+    ]
+    for name, g, w, bound in zip(("value", "d/dm", "d/ds"), got, want, bounds, strict=True):
+        assert np.all(np.isfinite(g)), name
+        worst = np.argmax(np.abs(g - w) / bound)
+        assert np.abs(g - w)[worst] <= bound[worst], (name, m[worst], s[worst], g[worst], w[worst])
 
 
 @pytest.mark.parametrize("k", [pytest.param(1.0, id="tanh"), slow(2.0, id="sigmoid")])
