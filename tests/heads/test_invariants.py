@@ -157,12 +157,12 @@ def _check_example(kind, example, rollout, replay_with_gradient):
 
 # Guarantees, rows "... are finite, eagerly and under nnx.jit", "Actions never
 # leave the range" and "Replaying ... bit for bit": eagerly, over the whole range.
-# The default tier draws a fifth of the profile's examples for asymmetric vector
+# The default tier draws a tenth of the profile's examples for asymmetric vector
 # bounds; the slow tier all of them, for every sampler.
 @pytest.mark.parametrize(
     "kind, share",
     [
-        pytest.param("bounded", 5, id="bounded-a-fifth"),
+        pytest.param("bounded", 10, id="bounded-a-tenth"),
         *(slow(k, 1, id=k) for k in SQUASHING_KINDS),
     ],
 )
