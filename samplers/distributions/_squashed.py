@@ -415,8 +415,6 @@ def _expected_log_sech_squared_jvp(primals, tangents):
 def _expected_log_sech_squared_and_derivatives(m, s):
     """The value and its derivatives with respect to ``m`` and ``s``, elementwise, by the
     rule of the platform the program is compiled for."""
-    if jnp.dtype(m.dtype) == jnp.float64:
-        return expected_log_sech_squared_by_rule(m, s, mixture_rule(m.dtype))
     return jax.lax.platform_dependent(
         m,
         s,
