@@ -8,11 +8,12 @@ pre-image ``x_K`` and score it in the loss through the layers' inverses
 (``inverse_and_log_det``), and both estimate the entropy as the Normal's plus the
 log-determinant at one draw. The hand-written rollout and actor score a fresh draw
 forward (``forward_and_log_det``); the head's rollout scores it as its replay will,
-through the inverses after the forward pass, and its actor step (``reparameterized``)
-forward. Both run under ``jax.jit`` on the same network output
-``[mean | raw_std | features]``, in interleaved rounds with a fresh random order each
-round; a cell is the median over rounds of the ratio of the head's time to the
-hand-written time in the same round, with min and max. A third column runs the
+through the inverses after the forward pass (the last layer's conditioner evaluated
+once), and its actor step (``reparameterized``) forward. Both run under ``jax.jit`` on
+the same network output ``[mean | raw_std | features]``, in interleaved rounds with a
+fresh random order each round; a cell is the median over rounds of the ratio of the
+head's time to the hand-written time in the same round, with min and max. A third
+column runs the
 hand-written steps on ``samplers.squashed_flow`` of the same layers (the pure layer),
 which separates what the module adds from what the distribution costs; its actor step
 takes ``sample_and_log_prob``, which scores the draw forward. The gradients are
@@ -195,8 +196,7 @@ def _pure_layer(case):
         key, params = random_input
         key, subkey = jax.random.split(key)
         dist = flow_of(inputs, params)
-        x_k = dist.sample_pre_image(seed=subkey)
-        action, log_likelihood = dist.forward_and_log_prob(x_k)
+        action, x_k, log_likelihood = dist.sample_with_replay(seed=subkey)
         return (action, log_likelihood, x_k), (key, params)
 
     def loss(inputs, x_k, old_log_likelihood, advantage, random_input):
@@ -315,11 +315,13 @@ def run(batches, out_dir, *, device=None, name="flow", rounds=ROUNDS, command=No
         f"hidden_sizes={HIDDEN})` through the path `samplers.functional` takes, "
         "`reparameterized=True` for the actor step. `samplers (pure layer)`: the "
         "hand-written steps on `samplers.squashed_flow` of the same layers "
-        "(`sample_pre_image` and `forward_and_log_prob` in the rollout, "
+        "(`sample_with_replay` in the rollout, "
         "`log_prob_from_pre_image` and `entropy_estimate` in the loss, "
         "`sample_and_log_prob` in the actor step), which separates what the module adds. "
         "The rollouts of the head and of the pure layer score a fresh draw as their "
-        "replay will: the layers' inverse after their forward pass; the actor steps of "
+        "replay will: the layers' inverses after their forward pass, the last layer's "
+        "conditioner evaluated once (its input, the dimensions it keeps, is the same both "
+        "ways); the actor steps of "
         "both score it forward, as the hand-written one does. Each "
         "cell: median over "
         f"{rounds} interleaved rounds of time / hand-written time in the same round "

@@ -152,10 +152,10 @@ class SquashedFlow(PreImageReplay):
             x, log_det = self._same_shape(layer, x, y), log_det + layer_log_det
         return x, log_det
 
-    def _inverse_layers(self, pre_image) -> tuple[Array, Array]:
+    def _inverse_layers(self, pre_image, layers=None) -> tuple[Array, Array]:
         """``(x0, sum_k log|det J_k^-1|)`` for the squashing's pre-image ``x_K``."""
         x, log_det = pre_image, jnp.zeros(pre_image.shape[:-1], pre_image.dtype)
-        for layer in reversed(self._layers):
+        for layer in reversed(self._layers if layers is None else layers):
             y, layer_log_det = layer.inverse_and_log_det(x)
             x, log_det = self._same_shape(layer, x, y), log_det + layer_log_det
         return x, log_det
@@ -192,9 +192,62 @@ class SquashedFlow(PreImageReplay):
         and whatever the layers close over (a conditioner's parameters): for a stored
         ``x_K`` they are those of the log-density of that action.
         """
+        return self._score_pre_image(pre_image)
+
+    def _score_pre_image(self, pre_image, layers=None) -> Array:
         x, loc, scale = self._broadcast("pre_image", pre_image)
-        base_draw, inverse_log_det = self._inverse_layers(x)
+        base_draw, inverse_log_det = self._inverse_layers(x, layers)
         return self._density(base_draw, loc, scale, inverse_log_det, x)
+
+    def sample_with_replay(
+        self, *, seed: PRNGKeyArray | int, reparameterized: bool = True
+    ) -> tuple[
+        Float[Array, "*batch action"], Float[Array, "*batch action"], Float[Array, "*batch"]
+    ]:
+        """``(action, x_K, log_prob)`` with ``log_prob`` the replay of ``x_K`` bit for
+        bit: the draw goes forward through the layers, then is scored back through
+        their inverses, as :meth:`log_prob_from_pre_image` scores a stored ``x_K``.
+
+        When the last layer is a ``distrax.MaskedCoupling``, its conditioner runs once:
+        the dimensions it sees are the ones it keeps, the same bits on the way out and
+        on the way back, so its inverse reuses the forward pass's parameters. The
+        layers below it are inverted as a replay inverts them. With
+        ``reparameterized=False`` ``x_K`` is a constant, as a stored one is:
+        ``log_prob``'s gradient is then its replay's.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, samplers
+            >>> from samplers.distributions.flow import coupling_layer
+            >>> def conditioner(seen):  # the kept dimensions and a feature: 4 parameters
+            ...     return jnp.concatenate([seen, seen[..., :1]], axis=-1)
+            >>> layer = coupling_layer(0, 2, conditioner, jnp.ones(1), ("affine", 0), 5.0)
+            >>> dist = samplers.SquashedFlow(jnp.array([0.5, -1.0]), jnp.ones(2), [layer])
+            >>> action, pre_image, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
+            >>> bool(dist.replay(pre_image)[1] == log_prob)
+            True
+        """
+        last = self._layers[-1] if self._layers else None
+        if not isinstance(last, distrax.MaskedCoupling):
+            return super().sample_with_replay(seed=seed, reparameterized=reparameterized)
+        below = self._layers[:-1]
+        x = self._base_draw(seed)
+        for layer in below:
+            x = self._same_shape(layer, x, layer.forward(x))
+        if not reparameterized:
+            x = jax.lax.stop_gradient(x)
+        parameters = last.conditioner(jnp.where(_event_mask(last), x, 0.0))
+        once = distrax.MaskedCoupling(
+            last.mask,
+            lambda _: parameters,
+            last.bijector,
+            event_ndims=last.event_ndims_in,
+            inner_event_ndims=getattr(last, "_inner_event_ndims", 0),
+        )
+        pre_image = self._same_shape(last, x, once.forward(x))
+        if not reparameterized:
+            pre_image = jax.lax.stop_gradient(pre_image)
+        log_prob = self._score_pre_image(pre_image, (*below, once))
+        return self._remember(pre_image), pre_image, log_prob
 
     def _density(self, base_draw, loc, scale, inverse_log_det, pre_image) -> Array:
         """``log N(x0; loc, scale) + sum_k log|det J_k^-1| - sum log|f'(x_K)|``."""
@@ -404,6 +457,12 @@ class SquashedFlow(PreImageReplay):
             "a SquashedFlow cannot be indexed: its layers may close over the whole batch "
             "(a conditioner's features); build the distribution from the rows you need."
         )
+
+
+def _event_mask(layer: distrax.MaskedCoupling) -> Array:
+    """The coupling's mask over the event's elements, as it masks its conditioner's input."""
+    inner = getattr(layer, "_inner_event_ndims", 0)
+    return jnp.reshape(layer.mask, jnp.shape(layer.mask) + (1,) * inner)
 
 
 def _kl_needs_a_seed(p, q, *_, **__):

@@ -13,6 +13,7 @@ import weakref
 from typing import cast
 
 import distrax
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
@@ -237,6 +238,35 @@ class PreImageReplay(distrax.Transformed, Replayable):
             ((2,), True)
         """
         return self.sample_with_replay(seed=seed)
+
+    def sample_with_replay(
+        self, *, seed: PRNGKeyArray | int, reparameterized: bool = True
+    ) -> tuple[
+        Float[Array, "*batch action"], Float[Array, "*batch action"], Float[Array, "*batch"]
+    ]:
+        """``(action, pre_image, log_prob)`` of one draw, ``log_prob`` the replay of the
+        pre-image bit for bit.
+
+        With ``reparameterized=False`` the pre-image is a constant, as a stored one is:
+        ``log_prob``'s gradient is then its replay's, not the draw's pathwise one.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, samplers
+            >>> def dist(loc):
+            ...     return samplers.squashed_normal_from_std(loc, jnp.ones(2))
+            >>> def rollout(loc):
+            ...     return dist(loc).sample_with_replay(seed=0, reparameterized=False)
+            >>> stored = rollout(jnp.zeros(2))[1]
+            >>> new = jax.grad(lambda loc: rollout(loc)[2].sum())(jnp.zeros(2))
+            >>> old = jax.grad(lambda loc: dist(loc).replay(stored)[1].sum())(jnp.zeros(2))
+            >>> bool(jnp.all(new == old))  # the replay's gradient, for the same pre-image
+            True
+        """
+        pre_image = self.sample_pre_image(seed=seed)
+        if not reparameterized:
+            pre_image = jax.lax.stop_gradient(pre_image)
+        action, log_prob = self.replay(pre_image)
+        return action, pre_image, log_prob
 
     def sample_replay_data(self, *, seed) -> Array:
         """:meth:`sample_pre_image`: the pre-image is the replay data."""

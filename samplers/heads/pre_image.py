@@ -81,10 +81,14 @@ class PreImageSampler(ActionSampler):
         return 2 * action_dim
 
     def _sample(self, inputs, dist, modes: Any, key) -> Scored:
-        if modes or not self.reparameterized:
+        if modes:
             return super()._sample(inputs, dist, modes, key)
-        # An actor that differentiates a fresh sample (SAC) scores it forward.
-        action, pre_image, log_likelihood = dist.sample_with_pre_image(seed=key)
+        if self.reparameterized:
+            # An actor that differentiates a fresh sample (SAC) scores it forward.
+            action, pre_image, log_likelihood = dist.sample_with_pre_image(seed=key)
+        else:  # a rollout: a constant pre-image, scored as its replay will score it
+            sampled = dist.sample_with_replay(seed=key, reparameterized=False)
+            action, pre_image, log_likelihood = sampled
         return Scored(pre_image, action, log_likelihood)
 
     def _entropy_needs_key(self) -> bool:

@@ -223,6 +223,76 @@ def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite
     np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_rollout_runs_the_last_conditioner_once_and_replays_bit_for_bit(num_layers):
+    """The last coupling's conditioner sees the dimensions that coupling keeps: the
+    same bits on the way out and back, so a rollout evaluates it once. The layers
+    below it are inverted as a replay inverts them: the replay, in the rollout's
+    program or in its own, is the rollout's score bit for bit."""
+    loc, scale, features, _ = _base_and_features(4)
+    weights = _weights(5)
+    calls = [0] * num_layers
+
+    def flow(loc, scale, features):
+        layers = []
+        for index, layer in enumerate(_affine_layers(weights, features)[:num_layers]):
+
+            def counted(x, index=index, conditioner=layer.conditioner):
+                calls[index] += 1
+                return conditioner(x)
+
+            layers.append(distrax.MaskedCoupling(layer.mask, counted, layer.bijector))
+        return samplers.SquashedFlow(loc, scale, layers)
+
+    args = [jnp.asarray(a, jnp.float32) for a in (loc, scale, features)]
+    dist = flow(*args)
+    action, pre_image, log_prob = dist.sample_with_replay(seed=jax.random.key(0))
+    assert calls == [2] * (num_layers - 1) + [1]
+    np.testing.assert_array_equal(pre_image, dist.sample_pre_image(seed=jax.random.key(0)))
+    np.testing.assert_array_equal(action, jnp.tanh(pre_image))
+    stored = np.array(pre_image)
+    np.testing.assert_array_equal(dist.replay(stored)[1], log_prob)
+
+    def rollout(loc, scale, features, key):
+        return flow(loc, scale, features).sample_with_replay(seed=key)
+
+    def replay(loc, scale, features, stored):
+        return flow(loc, scale, features).replay(stored)[1]
+
+    def both(loc, scale, features, key):
+        _, pre_image, log_prob = rollout(loc, scale, features, key)
+        return log_prob, replay(loc, scale, features, pre_image)
+
+    key = jax.random.key(1)
+    _, stored, log_prob = jax.jit(rollout)(*args, key)
+    np.testing.assert_array_equal(jax.jit(replay)(*args, np.array(stored)), log_prob)
+    np.testing.assert_array_equal(*jax.jit(both)(*args, key))
+
+    # A rollout's draw is a constant (reparameterized=False): the gradient is the
+    # replay's of the stored x_K, not the pathwise one through the draw.
+    def score(loc, features, reparameterized):
+        dist = flow(loc, args[1], features)
+        return dist.sample_with_replay(seed=key, reparameterized=reparameterized)[2].sum()
+
+    def replayed(loc, features):
+        return replay(loc, args[1], features, stored).sum()
+
+    wrt = (args[0], args[2])  # loc, and the features the conditioners see
+    expected = jax.grad(replayed, argnums=(0, 1))(*wrt)
+    for reparameterized in (False, True):
+        got = jax.grad(score, argnums=(0, 1))(*wrt, reparameterized)
+        for g, e in zip(got, expected, strict=True):
+            if reparameterized:
+                assert np.max(np.abs(g - e)) > 1e-2
+            else:
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    # And the score is the density: the float64 layers, inverted from the stored x_K.
+    cut = [w if k < num_layers else (0 * w[0], 0 * w[1], 0 * w[2]) for k, w in enumerate(weights)]
+    x0 = _float64_base_draw(np.asarray(stored, np.float64), cut, features)
+    expected, _, _ = _float64_log_prob(x0, loc, scale, cut, features)
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-5, atol=1e-5)  # float32 terms
+
+
 def test_the_replay_gradient_is_that_of_the_log_density_of_the_action_taken():
     """For a stored pre-image, with respect to the base, the conditioners' weights and
     the features: distrax's inverse-path score of the fixed action, in float64."""
