@@ -223,7 +223,7 @@ def test_a_saturated_sample_replays_exactly_where_the_inverse_path_is_not_finite
     np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("num_layers", [1, slow(2, id="2")])
 def test_the_rollout_runs_the_last_conditioner_once_and_replays_bit_for_bit(num_layers):
     """The last coupling's conditioner sees the dimensions that coupling keeps: the
     same bits on the way out and back, so a rollout evaluates it once. The layers
