@@ -368,7 +368,7 @@ class _Counted(nnx.Module):
         return self.inner(x)
 
 
-@pytest.mark.parametrize("entropy", ["exact", "along_sample"])
+@pytest.mark.parametrize("entropy", ["exact", slow("along_sample")])
 def test_a_call_builds_each_sub_action_s_distribution_once_from_its_data(entropy):
     # The replay scores the stored data, and its entropy cost and metrics read what the
     # scoring computed; the exact entropy builds the later sub-actions once more, over
