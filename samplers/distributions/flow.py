@@ -235,13 +235,15 @@ class SquashedFlow(PreImageReplay):
             x = self._same_shape(layer, x, layer.forward(x))
         if not reparameterized:
             x = jax.lax.stop_gradient(x)
-        parameters = last.conditioner(jnp.where(_event_mask(last), x, 0.0))
+        # The layer's own mask and inner event rank (distrax keeps them as ``_event_mask``
+        # and ``_inner_event_ndims``): the conditioner's input is the forward pass's.
+        parameters = last.conditioner(jnp.where(last._event_mask, x, 0.0))
         once = distrax.MaskedCoupling(
             last.mask,
             lambda _: parameters,
             last.bijector,
             event_ndims=last.event_ndims_in,
-            inner_event_ndims=getattr(last, "_inner_event_ndims", 0),
+            inner_event_ndims=last._inner_event_ndims,
         )
         pre_image = self._same_shape(last, x, once.forward(x))
         if not reparameterized:
@@ -457,12 +459,6 @@ class SquashedFlow(PreImageReplay):
             "a SquashedFlow cannot be indexed: its layers may close over the whole batch "
             "(a conditioner's features); build the distribution from the rows you need."
         )
-
-
-def _event_mask(layer: distrax.MaskedCoupling) -> Array:
-    """The coupling's mask over the event's elements, as it masks its conditioner's input."""
-    inner = getattr(layer, "_inner_event_ndims", 0)
-    return jnp.reshape(layer.mask, jnp.shape(layer.mask) + (1,) * inner)
 
 
 def _kl_needs_a_seed(p, q, *_, **__):
