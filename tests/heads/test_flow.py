@@ -272,21 +272,38 @@ def test_a_fresh_action_without_reparameterized_is_a_constant():
     assert np.all(np.asarray(by_input) == 0)
 
 
-@pytest.mark.parametrize("transform", ["spline", slow("affine", id="affine")])
-def test_a_non_finite_feature_or_conditioner_output_gives_nan(transform):
-    head = _small_flow_head(transform=transform)
+@pytest.mark.parametrize(
+    "transform, num_layers",
+    [("spline", 2), ("affine", 1), ("affine", 2), slow("spline", 1, id="spline-1")],
+)
+def test_a_non_finite_feature_or_conditioner_output_gives_nan(transform, num_layers):
+    # One layer passes half of the dimensions through untouched: they are NaN too.
     x = _params_and_features(4, seed=7).at[:, :A].add(8.0)  # pre-images outside the spline's range
-    for bad in (jnp.nan, jnp.inf):
-        out = _step(head, x.at[1, -1].set(bad))
-        assert np.all(np.isnan(out.output["log_likelihood"][1]))
-        assert np.all(np.isnan(out.output["action"][1]))
-        assert np.all(np.isfinite(np.asarray(out.output["log_likelihood"])[[0, 2, 3]]))
+    for reparameterized, deterministic in [(False, False), (False, True), (True, False)]:
+        head = _small_flow_head(
+            transform=transform, num_layers=num_layers, reparameterized=reparameterized
+        )
+        if deterministic:
+            head.eval()
+        for bad in (jnp.nan, jnp.inf, -jnp.inf):
+            out = _step(head, x.at[1, -1].set(bad))
+            for name in ("log_likelihood", "action"):
+                assert np.all(np.isnan(out.output[name][1]))
+                assert np.all(np.isfinite(np.asarray(out.output[name])[[0, 2, 3]]))
+            assert np.all(np.isnan(out.rollout_extras[1]))
+    head = _small_flow_head(transform=transform, num_layers=num_layers)
     # A conditioner whose weights went NaN: a spline would pass such a value unchanged.
     broken = nnx.clone(head)
     bias = broken.conditioners[0].out.bias
     bias[...] = jnp.full_like(bias[...], jnp.nan)
     out = _step(broken, x)
     assert np.all(np.isnan(out.output["log_likelihood"]))
+    # Conditioners of positive weights take an infinite feature to infinite parameters,
+    # which would move the action onto a bound: the feature is NaN to them.
+    positive = nnx.clone(head)
+    nnx.update(positive, jax.tree.map(lambda p: jnp.abs(p) + 0.1, nnx.state(positive, nnx.Param)))
+    out = _step(positive, x.at[1, -1].set(jnp.inf))
+    assert np.all(np.isnan(out.output["action"][1])) and np.all(np.isnan(out.rollout_extras[1]))
 
 
 def test_options_and_inputs_are_refused_with_the_fix():
