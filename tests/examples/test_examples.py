@@ -56,30 +56,51 @@ def test_the_packages_setuptools_ships_hold_every_example_module():
     assert expected <= modules
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "pendulum",
-        "pendulum_sac",
-        "cartpole",
-        "linen_actor",
-        "tictactoe",
-        "hybrid",
-        "correlated",
-        "units",
-        "two_peaks",
-        "grpo",
-    ],
-)
-def test_each_example_runs_as_a_module(module):
+_EXAMPLES = [
+    "pendulum",
+    "pendulum_sac",
+    "cartpole",
+    "linen_actor",
+    "tictactoe",
+    "hybrid",
+    "correlated",
+    "units",
+    "two_peaks",
+    "grpo",
+]
+
+# Runs each module as ``python -m`` does (``runpy``, as ``__main__``) with ``--help``, in
+# one fresh interpreter, and prints what each wrote and the code it exited with.
+_RUN_AS_MAIN = """
+import contextlib, io, json, runpy, sys
+results = {}
+for module in sys.argv[1:]:
+    sys.argv = [module, "--help"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_module(f"samplers.examples.{module}", run_name="__main__", alter_sys=True)
+            code = None
+        except SystemExit as exit:
+            code = exit.code
+    results[module] = [code, out.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def test_each_example_runs_as_a_module():
     done = subprocess.run(
-        [sys.executable, "-m", f"samplers.examples.{module}", "--help"],
+        [sys.executable, "-c", _RUN_AS_MAIN, *_EXAMPLES],
         capture_output=True,
         text=True,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage:") and "--seed" in done.stdout
+    results = json.loads(done.stdout)
+    assert set(results) == set(_EXAMPLES)
+    for module, (code, stdout) in results.items():
+        assert code == 0, (module, code)
+        assert stdout.startswith("usage:") and "--seed" in stdout, module
 
 
 TINY = {
