@@ -81,8 +81,8 @@ def _parser():
         "--cases",
         type=lambda text: tuple(text.split(",")),
         help=f"--{', --'.join(_WITH_CASES)}: time only the cases whose names contain one of "
-        "these strings, e.g. 'K = 4,spline' (default: all); the other tables are timed "
-        "as usual",
+        "these strings, e.g. 'K = 4,spline', or the whole string where a name holds it, "
+        "e.g. 'affine, K = 1' (default: all); the other tables are timed as usual",
     )
     parser.add_argument(
         "--timing",

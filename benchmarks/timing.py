@@ -125,7 +125,10 @@ def chosen(cases):
     """
     if _timing.cases is None:
         return list(cases)
-    picked = [case for case in cases if any(part in case.name for part in _timing.cases)]
+    # A name with a comma ("affine, K = 1") is taken whole where a case's name holds it.
+    whole = ",".join(_timing.cases)
+    parts = (whole,) if any(whole in case.name for case in cases) else _timing.cases
+    picked = [case for case in cases if any(part in case.name for part in parts)]
     if not picked:
         names = ", ".join(repr(case.name) for case in cases)
         raise UnknownCases(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import __main__ as cli
-from benchmarks import timing
+from benchmarks import flow, timing
 
 pytestmark = pytest.mark.slow
 
@@ -164,6 +164,13 @@ def test_cases_time_only_the_named_cases_and_refuse_a_name_that_matches_none(tmp
         timing.chosen(cases)
     timing.set_timing(in_loop=False)
     assert timing.chosen(cases) == cases
+    # A case name holding a comma is taken whole; parts that no name holds whole, one by one.
+    flows = flow.flow_cases()
+    timing.set_timing(in_loop=False, cases=("affine", " K = 1"))
+    assert [case.name for case in timing.chosen(flows)] == ["affine, K = 1"]
+    timing.set_timing(in_loop=False, cases=("K = 4", "spline"))
+    assert [case.name for case in timing.chosen(flows)] == ["affine, K = 4", "spline(8), K = 2"]
+    timing.set_timing(in_loop=False)
 
     common = ["--device", "cpu", "--batches", "8", "--rounds", "1", "--out", str(tmp_path)]
     cli.main(["--beta", "--cases", "Box(6)", *common])
